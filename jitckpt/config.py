@@ -1,0 +1,55 @@
+"""Environment variable names and defaults shared by jit-run and the workers.
+
+Every knob jitckpt reads from the environment is named here once, so that the
+launcher, the workers and the docs agree on the spelling.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Set by jit-run in every worker's environment; the library is a no-op without it.
+ENV_ACTIVE = "JITCKPT_ACTIVE"
+# Cluster-admin switch: JITCKPT_ENABLE=0 turns jit-run into a plain pass-through.
+ENV_ENABLE = "JITCKPT_ENABLE"
+ENV_CHECKPOINT_DIR = "JITCKPT_CHECKPOINT_DIR"
+ENV_HANG_TIMEOUT = "JITCKPT_HANG_TIMEOUT"
+ENV_SAVE_GRACE = "JITCKPT_SAVE_GRACE"
+ENV_FAULT = "JITCKPT_FAULT"
+ENV_REPORT = "JITCKPT_REPORT"
+# Per-job scratch: event logs of every worker attempt, read back for the report.
+ENV_RUN_DIR = "JITCKPT_RUN_DIR"
+# Host shared-memory directory where every rank stashes its RNG state each minibatch.
+ENV_SHM_DIR = "JITCKPT_SHM_DIR"
+ENV_TP_SIZE = "JITCKPT_TP_SIZE"
+ENV_PP_SIZE = "JITCKPT_PP_SIZE"
+ENV_ALLOW_WORLD_SIZE_CHANGE = "JITCKPT_ALLOW_WORLD_SIZE_CHANGE"
+
+DEFAULT_CHECKPOINT_DIR = "./jit-checkpoints"
+DEFAULT_HANG_TIMEOUT = 60.0
+DEFAULT_SAVE_GRACE = 60.0
+
+# Exit status of a worker that completed its just-in-time save (EX_TEMPFAIL:
+# "temporary failure, retry"); never 0, so torchrun's agent restarts the group.
+JIT_SAVED_EXIT_CODE = 75
+# Exit status of a worker whose JIT save failed or could not reach a safe point.
+JIT_SAVE_FAILED_EXIT_CODE = 76
+
+
+def env_float(name: str, default: float) -> float:
+    """Read a positive float from the environment, with a clear error on nonsense."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be > 0")
+    return value
+
+
+def is_active() -> bool:
+    """True inside a worker launched by jit-run."""
+    return os.environ.get(ENV_ACTIVE) == "1"
