@@ -10,6 +10,10 @@ import os
 
 # Set by jit-run in every worker's environment; the library is a no-op without it.
 ENV_ACTIVE = "JITCKPT_ACTIVE"
+# Value of ENV_ACTIVE in the torchrun agent itself, which must not arm a runtime.
+ACTIVE_IN_AGENT = "agent"
+# Value a worker sets once its runtime exists, so that its own subprocesses stay inactive.
+ACTIVE_CLAIMED = "claimed"
 # Cluster-admin switch: JITCKPT_ENABLE=0 turns jit-run into a plain pass-through.
 ENV_ENABLE = "JITCKPT_ENABLE"
 ENV_CHECKPOINT_DIR = "JITCKPT_CHECKPOINT_DIR"

@@ -1,0 +1,114 @@
+"""The public API: two calls, named as in the paper.
+
+    import jitckpt
+    jitckpt.register_save_checkpoint(save)    # save(path): write my state into directory `path`
+    path = jitckpt.jit_get_checkpoint_path()  # None on a fresh start, else a directory save() wrote
+    if path:
+        load(path)
+
+Under ``jit-run`` the first call arms the just-in-time save and the second finds
+the newest verified replica checkpoint for this rank's model shard.  Outside
+jit-run both are no-ops with one warning, so the same script runs anywhere.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import warnings
+from typing import Any, Callable
+
+from jitckpt import checkpoint_store, config
+
+_runtime = None
+_checkpoint_lookup_done = False
+_checkpoint_path: str | None = None
+_warned_inactive = False
+
+
+class JitckptInactiveWarning(UserWarning):
+    """jitckpt was called outside jit-run; nothing will be saved on failure."""
+
+
+def _warn_inactive() -> None:
+    global _warned_inactive
+    if not _warned_inactive:
+        _warned_inactive = True
+        warnings.warn(
+            "jitckpt: not running under jit-run, so just-in-time checkpointing is off "
+            "(register_save_checkpoint and jit_get_checkpoint_path are no-ops). "
+            "Launch with `jit-run torchrun ...` to enable it.",
+            JitckptInactiveWarning,
+            stacklevel=3,
+        )
+
+
+def runtime() -> Any:
+    """The worker's JitRuntime, created and instrumented on first use; None outside jit-run."""
+    global _runtime
+    if _runtime is None and config.is_active():
+        from jitckpt import instrument
+        from jitckpt.runtime import JitRuntime
+        from jitckpt.watchdog import CollectiveWatchdog
+
+        _runtime = JitRuntime()
+        # Python subprocesses this worker starts must not arm a second runtime
+        # for the same rank (they would overwrite its RNG stash).
+        os.environ[config.ENV_ACTIVE] = config.ACTIVE_CLAIMED
+        instrument.install(_runtime)
+        CollectiveWatchdog(_runtime).start()
+        atexit.register(_runtime.record_exit)
+    return _runtime
+
+
+def register_save_checkpoint(fn: Callable[[str], Any]) -> None:
+    """Register ``fn(path)``, called on a failure to write this rank's state into directory ``path``.
+
+    ``fn`` runs on a jitckpt thread while the training loop is stopped at a
+    safe point.  It must not use collectives (peers may be dead): save this
+    rank's model, optimizer, scheduler and any CPU state with plain file I/O.
+    RNG states are captured by jitckpt itself.
+    """
+    if not callable(fn):
+        raise TypeError(f"register_save_checkpoint expects a callable save(path), got {type(fn).__name__}")
+    rt = runtime()
+    if rt is None:
+        _warn_inactive()
+        return
+    rt.save_fn = fn
+
+
+def jit_get_checkpoint_path() -> str | None:
+    """Directory of the newest complete, verified checkpoint covering this rank's shard, or None.
+
+    On a restart after a failure this is a directory some data-parallel replica's
+    save() wrote (torn or corrupt ones are skipped with a warning).  Returning a
+    path also restores this rank's RNG state to the start of the checkpointed
+    minibatch, so call it after building the model and optimizer, right before
+    the training loop.  Returns None on a fresh start and outside jit-run.
+    """
+    global _checkpoint_lookup_done, _checkpoint_path
+    rt = runtime()
+    if rt is None:
+        _warn_inactive()
+        return None
+    if _checkpoint_lookup_done:
+        return _checkpoint_path
+    from jitckpt.runtime import log
+
+    info = rt.locate_checkpoint()
+    if info is None:
+        rt.fresh_start()
+        _checkpoint_path = None
+    else:
+        rt.resume_from(info)
+        log(f"resuming from minibatch {info.step}: {info.path}")
+        _checkpoint_path = str(info.path)
+    _checkpoint_lookup_done = True
+    return _checkpoint_path
+
+
+def current_step() -> int | None:
+    """Minibatches completed so far as counted by jitckpt (optimizer steps), or None outside jit-run."""
+    rt = runtime()
+    return None if rt is None else rt.step

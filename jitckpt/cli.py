@@ -1,0 +1,38 @@
+"""`jit-run`: the command-line entry point.
+
+    jit-run [jit options] torchrun [torchrun options] train.py [args]   run a job
+    jit-run plan ...                                                    failure-cost model
+    jit-run doctor PROGRAM_OR_LIBRARY                                   CUDA/NCCL coverage
+    jit-run emulator-path                                               CPU device emulator dir
+
+Subcommands are dispatched here; running a job is `jitckpt.launcher`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+
+def _subcommands() -> dict[str, Callable[[list[str]], int]]:
+    def plan(argv: list[str]) -> int:
+        from jitckpt import plan as plan_module
+
+        return plan_module.main(argv)
+
+    return {"plan": plan}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `jit-run`; returns the process exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    subcommands = _subcommands()
+    if args and args[0] in subcommands:
+        return subcommands[args[0]](args[1:])
+    from jitckpt import launcher
+
+    return launcher.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

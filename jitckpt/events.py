@@ -1,0 +1,59 @@
+"""Per-process event log: what each worker and the agent saw, with timestamps.
+
+Every process of a job appends JSON lines to its own file in the run directory
+(``JITCKPT_RUN_DIR``), so no two processes ever write the same file.  jit-run
+reads them all back to build the recovery report.  Timestamps are wall-clock
+(time.time()) because they are compared across processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from jitckpt import config
+
+_log_file = None
+
+
+def _open() -> Any:
+    global _log_file
+    if _log_file is None:
+        run_dir = os.environ.get(config.ENV_RUN_DIR)
+        if not run_dir:
+            return None
+        path = Path(run_dir) / "events"
+        path.mkdir(parents=True, exist_ok=True)
+        _log_file = open(path / f"{os.getpid()}-{time.time_ns()}.jsonl", "a", buffering=1)
+    return _log_file
+
+
+def record(event_name: str, /, **fields: Any) -> None:
+    """Append one event; a no-op outside jit-run.  Never raises into the caller."""
+    try:
+        log = _open()
+        if log is None:
+            return
+        event = {"event": event_name, "time": time.time(), "pid": os.getpid(), **fields}
+        log.write(json.dumps(event, default=str) + "\n")
+        log.flush()
+    except Exception:  # the event log must never take a worker down
+        pass
+
+
+def read_all(run_dir: str | os.PathLike) -> list[dict]:
+    """All events of a job, sorted by time; malformed lines (a process killed mid-write) are skipped."""
+    events = []
+    folder = Path(run_dir) / "events"
+    if not folder.is_dir():
+        return events
+    for file in folder.glob("*.jsonl"):
+        for line in file.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    return sorted(events, key=lambda e: e.get("time", 0.0))

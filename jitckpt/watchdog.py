@@ -1,0 +1,67 @@
+"""The collective watchdog thread (paper §3.1), Python side.
+
+It polls the runtime's in-flight collectives (torch.distributed work handles,
+gloo or NCCL alike) and raises a JIT event when one has been in flight longer
+than the hang timeout.  It also turns SIGTERM into a JIT event: torchrun's
+agent sends SIGTERM to every healthy worker as soon as one worker exits, and
+the worker must save before it goes.  The signal reaches this thread through
+``signal.set_wakeup_fd`` even while the training thread is blocked inside C++
+(a Python-level handler would only run when that thread returns).
+
+The C watchdog of the interposition library (CUDA events after NCCL kernels,
+polled with cudaEventQuery) reports through the same ``JitRuntime.trigger``.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import threading
+import time
+
+from jitckpt.runtime import JitRuntime
+
+
+class CollectiveWatchdog:
+    """Background thread: hang timeouts and SIGTERM become JIT events."""
+
+    def __init__(self, runtime: JitRuntime) -> None:
+        self.runtime = runtime
+        self.poll_interval = min(0.5, runtime.hang_timeout / 10)
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._thread = threading.Thread(target=self._run, name="jitckpt-watchdog", daemon=True)
+
+    def start(self) -> None:
+        """Install the SIGTERM hook (main thread only) and start polling."""
+        if threading.current_thread() is threading.main_thread():
+
+            def on_sigterm(signum: int, frame: object) -> None:
+                """Nothing to do here: the watchdog thread acts on the wake-up byte."""
+
+            signal.signal(signal.SIGTERM, on_sigterm)
+            signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+        self._thread.start()
+
+    def _run(self) -> None:
+        runtime = self.runtime
+        while True:
+            readable, _, _ = select.select([self._reader], [], [], self.poll_interval)
+            if readable:
+                try:
+                    signals = self._reader.recv(64)
+                except BlockingIOError:
+                    signals = b""
+                if signal.SIGTERM in signals:
+                    if runtime.save_fn is None:
+                        os._exit(128 + signal.SIGTERM)  # nothing to save: die as SIGTERM would
+                    runtime.trigger("sigterm", "torchrun is stopping the workers (a peer failed or the job was cancelled)")
+            oldest = runtime.oldest_in_flight()
+            if oldest is not None:
+                started, what = oldest
+                waited = time.monotonic() - started
+                if waited > runtime.hang_timeout and runtime.save_fn is not None:
+                    runtime.trigger("hang", f"{what} in flight for {waited:.1f}s (hang timeout {runtime.hang_timeout:g}s)")
