@@ -93,10 +93,10 @@ class JitRuntime:
         if self._is_primary(optimizer):
             self.park_if_requested()
             self.phase = "optimizer"
-            self.injector.maybe_fire("optimizer", self.step)
             # If this rank dies inside the step, the replicas save step+1; keep the
             # RNG state that minibatch step+1 starts with (the optimizer draws none).
             self._stash_rng(self.step + 1)
+            self.injector.maybe_fire("optimizer", self.step)
 
     def optimizer_post_step(self, optimizer: object) -> None:
         """Called after every optimizer.step(): the minibatch is complete."""

@@ -1,0 +1,80 @@
+"""Shared helpers: run real torchrun jobs of examples/train_mlp.py, with and without jit-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "train_mlp.py"
+JOB_TIMEOUT = 300
+# Small but complete: Adam, StepLR, dropout with per-rank seeds, 2-way gradient accumulation.
+TRAIN_ARGS = ["--steps", "24", "--accum", "2", "--log-every", "1000"]
+
+
+def job_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.pop("JITCKPT_ACTIVE", None)
+    env.pop("JITCKPT_FAULT", None)
+    return env
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    output: str
+    report: dict | None
+
+    @property
+    def sha(self) -> str | None:
+        found = re.findall(r"final parameters sha256 ([0-9a-f]{64})", self.output)
+        return found[-1] if found else None
+
+
+def run_plain(nproc: int = 4, args: list[str] | None = None) -> JobResult:
+    """A fault-free run under plain torchrun, without jit-run (jitckpt is a no-op there)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(EXAMPLE), *TRAIN_ARGS, *(args or [])]
+    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=REPO)
+    return JobResult(proc.returncode, proc.stdout + proc.stderr, None)
+
+
+def run_jit(
+    ckpt_dir: Path,
+    fault: str = "",
+    max_restarts: int = 2,
+    nproc: int = 4,
+    hang_timeout: float = 3.0,
+    args: list[str] | None = None,
+    jit_options: list[str] | None = None,
+) -> JobResult:
+    """The same job under jit-run; returns output and the JSON report."""
+    report_path = ckpt_dir.parent / f"{ckpt_dir.name}-report.json"
+    if report_path.exists():
+        report_path.unlink()
+    cmd = [sys.executable, "-m", "jitckpt.cli", "--checkpoint-dir", str(ckpt_dir), "--hang-timeout", str(hang_timeout),
+           "--save-grace", "30", "--report", str(report_path), *(jit_options or [])]
+    if fault:
+        cmd += ["--fault", fault]
+    cmd += ["torchrun", "--standalone", "--nproc_per_node", str(nproc), "--max-restarts", str(max_restarts),
+            str(EXAMPLE), *TRAIN_ARGS, *(args or [])]
+    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=REPO)
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return JobResult(proc.returncode, proc.stdout + proc.stderr, report)
+
+
+@pytest.fixture(scope="session")
+def fault_free_sha() -> str:
+    """Final-parameter hash of the fault-free run with plain torchrun (no jitckpt)."""
+    result = run_plain()
+    assert result.returncode == 0, result.output[-3000:]
+    assert result.sha, result.output[-3000:]
+    return result.sha

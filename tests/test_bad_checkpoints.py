@@ -1,0 +1,48 @@
+"""Bad checkpoints on disk: a clear message, nothing lost, and training still ends bit-exact."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from conftest import run_jit
+
+pytestmark = pytest.mark.slow
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path, fault_free_sha):
+    ckpt = tmp_path / "ckpt"
+    faults = "rank=2,step=8,phase=backward,kind=kill;rank=1,step=18,phase=forward,kind=kill,attempt=1"
+    first = run_jit(ckpt, fault=faults, max_restarts=1)
+    assert first.returncode != 0 or first.report["restarts"] == 1  # ran out of restarts after the 2nd save
+    newest = sorted((ckpt / "step-00000018").glob("rank-*"))
+    assert len(newest) == 3
+    for replica in newest:  # corrupt every replica of the newest step
+        state = replica / "state.pt"
+        data = bytearray(state.read_bytes())
+        data[len(data) // 2] ^= 0x5A
+        state.write_bytes(bytes(data))
+    second = run_jit(ckpt)
+    assert second.returncode == 0, second.output[-4000:]
+    assert "fails its SHA-256 checksum" in second.output
+    assert "resuming from minibatch 8" in second.output
+    assert second.sha == fault_free_sha
+    assert (ckpt / "step-00000018").is_dir(), "the corrupt checkpoint must be left for inspection"
+
+
+def test_wrong_world_size_is_a_clear_error_and_loses_nothing(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    saved = run_jit(ckpt, fault="rank=2,step=6,phase=forward,kind=kill", max_restarts=0)
+    assert saved.returncode != 0 and (ckpt / "step-00000006").is_dir()
+    assert "rerun the same command to resume" in saved.output
+    before = tree_digest(ckpt / "step-00000006")
+    wrong = run_jit(ckpt, nproc=2, max_restarts=0)
+    assert wrong.returncode != 0
+    assert "written by a job of world size [4], but this job has world size 2" in wrong.output
+    assert tree_digest(ckpt / "step-00000006") == before

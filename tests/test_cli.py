@@ -1,0 +1,80 @@
+"""jit-run's command line: bad input is rejected before anything starts, with the cause and the fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from conftest import REPO, job_env
+from jitckpt import launcher
+
+
+def jit_run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jitckpt.cli", *args], capture_output=True, text=True,
+                          env=env or job_env(), timeout=120, cwd=REPO)
+
+
+def test_unwritable_checkpoint_dir_fails_at_start_up(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = jit_run("--checkpoint-dir", str(blocker / "ckpt"), "torchrun", "--nproc_per_node", "2", "examples/train_mlp.py")
+    assert result.returncode == 2
+    assert "not writable" in result.stderr and "--checkpoint-dir" in result.stderr
+    assert "launching torchrun" not in result.stderr  # nothing was started
+
+
+def test_command_must_be_torchrun(tmp_path):
+    result = jit_run("--checkpoint-dir", str(tmp_path), "python", "train.py")
+    assert result.returncode == 2
+    assert "jit-run runs torchrun jobs" in result.stderr
+
+
+def test_bad_fault_spec_is_rejected(tmp_path):
+    result = jit_run("--checkpoint-dir", str(tmp_path), "--fault", "rank=1,step=2,phase=lunch,kind=kill",
+                     "torchrun", "x.py")
+    assert result.returncode == 2 and "phase must be one of" in result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+def test_nonsense_hang_timeout_is_rejected(tmp_path, value):
+    result = jit_run("--checkpoint-dir", str(tmp_path), "--hang-timeout", value, "torchrun", "x.py")
+    assert result.returncode == 2 and "--hang-timeout" in result.stderr
+
+
+def test_missing_pytorch_is_named(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert launcher.main(["--checkpoint-dir", str(tmp_path), "torchrun", "x.py"]) == 2
+    assert "PyTorch is not installed" in capsys.readouterr().err
+
+
+def test_options_can_come_from_the_environment(tmp_path):
+    env = job_env()
+    env["JITCKPT_HANG_TIMEOUT"] = "-1"
+    result = jit_run("--checkpoint-dir", str(tmp_path), "torchrun", "x.py", env=env)
+    assert result.returncode == 2 and "must be > 0" in result.stderr
+
+
+def test_admin_switch_turns_jit_run_into_a_pass_through(tmp_path):
+    env = job_env()
+    env["JITCKPT_ENABLE"] = "0"
+    result = jit_run(sys.executable, "-c", "import os; print('ACTIVE', os.environ.get('JITCKPT_ACTIVE'))", env=env)
+    assert result.returncode == 0 and "ACTIVE None" in result.stdout
+
+
+def test_api_outside_jit_run_is_a_noop_with_one_warning(monkeypatch):
+    import jitckpt
+    from jitckpt import api
+
+    monkeypatch.setattr(api, "_warned_inactive", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jitckpt.register_save_checkpoint(lambda path: None)
+        assert jitckpt.jit_get_checkpoint_path() is None
+    assert len([w for w in caught if issubclass(w.category, api.JitckptInactiveWarning)]) == 1
+    with pytest.raises(TypeError):
+        jitckpt.register_save_checkpoint("not callable")

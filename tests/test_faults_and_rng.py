@@ -1,0 +1,82 @@
+"""Unit tests: fault-spec parsing and the RNG stash in host shared memory."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import pytest
+import torch
+
+from jitckpt import faults, rng_state
+
+
+def test_fault_specs_parse():
+    specs = faults.parse("rank=2,step=5,phase=backward,kind=kill; rank=0,step=9,phase=save,kind=hang,attempt=1")
+    assert specs == [
+        faults.FaultSpec(2, 5, "backward", "kill", 0),
+        faults.FaultSpec(0, 9, "save", "hang", 1),
+    ]
+    assert faults.parse("") == []
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("rank=2,step=5,phase=backwards,kind=kill", "phase must be one of"),
+        ("rank=2,step=5,phase=forward,kind=explode", "kind must be one of"),
+        ("rank=2,step=5,phase=forward", "missing kind"),
+        ("rank=two,step=5,phase=forward,kind=kill", "must be integers"),
+        ("rank=2,step=5,phase=forward,kind=kill,when=now", "unknown key"),
+        ("rank2,step=5,phase=forward,kind=kill", "expected key=value"),
+    ],
+)
+def test_bad_fault_specs_say_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message):
+        faults.parse(text)
+
+
+def test_injector_fires_only_for_its_rank_attempt_and_once():
+    specs = faults.parse("rank=1,step=3,phase=forward,kind=raise;rank=1,step=3,phase=forward,kind=raise,attempt=1")
+    injector = faults.FaultInjector(specs, rank=1, attempt=0)
+    assert faults.FaultInjector(specs, rank=0, attempt=0).phases == set()
+    injector.maybe_fire("forward", 2)
+    injector.maybe_fire("backward", 3)
+    with pytest.raises(faults.InjectedFault):
+        injector.maybe_fire("forward", 3)
+    injector.maybe_fire("forward", 3)  # already fired
+
+
+def test_rng_capture_restore_reproduces_random_streams():
+    torch.manual_seed(7)
+    random.seed(7)
+    state = rng_state.capture()
+    first = (torch.rand(5), random.random())
+    rng_state.restore(pickle.loads(pickle.dumps(state)))
+    second = (torch.rand(5), random.random())
+    assert torch.equal(first[0], second[0]) and first[1] == second[1]
+
+
+def test_rng_stash_keeps_two_steps_and_survives_the_writer(tmp_path):
+    stash = rng_state.RngStash(tmp_path, rank=3)
+    for step in range(5):
+        torch.manual_seed(step)
+        stash.put(step, rng_state.capture())
+    del stash  # the rank "dies": the file stays
+    slots = rng_state.read_stash(rng_state.stash_path(tmp_path, 3))
+    assert sorted(slots) == [3, 4]
+    torch.manual_seed(4)
+    expected = torch.rand(3)
+    rng_state.restore(pickle.loads(slots[4]))
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_torn_stash_slot_is_ignored(tmp_path):
+    stash = rng_state.RngStash(tmp_path, rank=0)
+    stash.put(6, rng_state.capture())
+    stash.put(7, rng_state.capture())
+    path = rng_state.stash_path(tmp_path, 0)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF  # corrupt slot 0 (step 6) payload
+    path.write_bytes(bytes(data))
+    assert sorted(rng_state.read_stash(path)) == [7]
