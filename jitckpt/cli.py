@@ -20,7 +20,17 @@ def _subcommands() -> dict[str, Callable[[list[str]], int]]:
 
         return plan_module.main(argv)
 
-    return {"plan": plan}
+    def doctor(argv: list[str]) -> int:
+        from jitckpt import doctor as doctor_module
+
+        return doctor_module.main(argv)
+
+    def emulator_path(argv: list[str]) -> int:
+        from jitckpt import emulator
+
+        return emulator.print_path(argv)
+
+    return {"plan": plan, "doctor": doctor, "emulator-path": emulator_path}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fault", default=env(config.ENV_FAULT, ""),
                         help="inject a fault, e.g. rank=2,step=5,phase=backward,kind=kill "
                              f"(phases: {', '.join(faults.PHASES)}; kinds: {', '.join(faults.KINDS)}) [{config.ENV_FAULT}]")
+    parser.add_argument("--emulated-gpus", type=int, metavar="N",
+                        help="run the job's CUDA programs on N CPU-emulated GPUs per node (the CPU device emulator)")
     parser.add_argument("--keep", type=int, default=3,
                         help="keep the newest N complete checkpoint steps, prune older ones at start (default %(default)s)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="torchrun [torchrun options] script.py [args]")
@@ -122,6 +124,15 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         config.ENV_RUN_DIR: str(run_dir),
         config.ENV_SHM_DIR: str(shm_dir),
     })
+    if args.emulated_gpus is not None:
+        if args.emulated_gpus < 1:
+            raise UsageError("--emulated-gpus must be at least 1")
+        from jitckpt import emulator
+
+        try:
+            env = emulator.job_environment(env, args.emulated_gpus)
+        except emulator.EmulatorMissing as exc:
+            raise UsageError(str(exc)) from None
     return [sys.executable, "-m", "jitckpt.agent", *torchrun_args], env, run_dir
 
 

@@ -78,3 +78,22 @@ def test_api_outside_jit_run_is_a_noop_with_one_warning(monkeypatch):
     assert len([w for w in caught if issubclass(w.category, api.JitckptInactiveWarning)]) == 1
     with pytest.raises(TypeError):
         jitckpt.register_save_checkpoint("not callable")
+
+
+def test_emulator_path_points_at_the_emulated_runtime():
+    result = jit_run("emulator-path")
+    assert result.returncode == 0, result.stderr
+    from pathlib import Path
+
+    build = Path(result.stdout.strip())
+    assert (build / "libcudart.so.13").is_file() and (build / "libnccl.so.2").is_file()
+
+
+def test_emulated_gpus_puts_the_emulator_first_on_the_library_path(tmp_path):
+    from jitckpt import emulator
+
+    env = emulator.job_environment({"LD_LIBRARY_PATH": "/opt/x"}, devices=4)
+    assert env["LD_LIBRARY_PATH"].split(":") == [str(emulator.BUILD_DIR), "/opt/x"]
+    assert env["JITCKPT_SIMDEV_DEVICES"] == "4"
+    result = jit_run("--checkpoint-dir", str(tmp_path), "--emulated-gpus", "0", "torchrun", "x.py")
+    assert result.returncode == 2 and "--emulated-gpus" in result.stderr
