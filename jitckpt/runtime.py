@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import re
 import shutil
 import sys
 import threading
@@ -40,6 +41,13 @@ SaveFunction = Callable[[str], Any]
 def log(message: str) -> None:
     """Print a jitckpt message prefixed with this worker's rank."""
     print(f"[jitckpt rank {os.environ.get('RANK', '?')}] {message}", file=sys.stderr, flush=True)
+
+
+def short_error(error: BaseException) -> str:
+    """The gist of a backend error: first line, without source paths and boilerplate advice."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". This is typically caused")[0]
 
 
 class JitRuntime:
@@ -153,7 +161,7 @@ class JitRuntime:
     def collective_finished(self, token: int, error: BaseException | None, what: str) -> None:
         """A tracked collective completed.  On error, raise a JIT event and never return."""
         if error is not None:
-            self.trigger("peer-error", f"{what} failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+            self.trigger("peer-error", f"{what} failed: {short_error(error)}")
             self.park_forever()
         self.untrack(token)
         self.park_if_requested()

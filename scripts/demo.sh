@@ -16,7 +16,7 @@ echo "=== 1/2: jit-run, rank 2 killed in the backward pass of minibatch $((steps
 jit-run --checkpoint-dir "$work/checkpoints" --hang-timeout 10 \
     --fault "rank=2,step=$((steps / 2)),phase=backward,kind=kill" \
     torchrun --standalone --nproc_per_node 4 --max-restarts 3 \
-    examples/train_mlp.py --steps "$steps" 2>&1 | tee "$work/jit.log" | grep -E '^\[jit|^\[jitckpt rank [0-9]\] (JIT|resum)|^step |final parameters|^=|^  |^---|^outcome|^summary|^no failures'
+    examples/train_mlp.py --steps "$steps" 2>&1 | tee "$work/jit.log" | grep -E 'recovery report|^\[jit|^\[jitckpt rank [0-9]\] (JIT|resum)|^step |final parameters|^=|^  |^---|^outcome|^summary|^no failures'
 
 echo
 echo "=== 2/2: the same job with no failure (plain torchrun) ==="
