@@ -81,8 +81,14 @@ def split_torchrun(command: list[str]) -> list[str]:
     )
 
 
-def _has_max_restarts(torchrun_args: list[str]) -> bool:
-    return any(a.split("=")[0] in ("--max-restarts", "--max_restarts") for a in torchrun_args)
+def max_restarts(torchrun_args: list[str]) -> int:
+    """torchrun's --max-restarts value (0, torchrun's default, when absent or unparsable)."""
+    for i, arg in enumerate(torchrun_args):
+        name, sep, value = arg.partition("=")
+        if name in ("--max-restarts", "--max_restarts"):
+            value = value if sep else (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "")
+            return int(value) if value.isdigit() else 0
+    return 0
 
 
 def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
@@ -161,8 +167,8 @@ def main(argv: list[str]) -> int:
     say(f"checkpoint dir {root}, hang timeout {float(args.hang_timeout):g}s, save grace {float(args.save_grace):g}s")
     if args.fault:
         say(f"fault injection armed: {args.fault}")
-    if not _has_max_restarts(torchrun_args):
-        say("note: no --max-restarts given, so torchrun will not restart after a failure; "
+    if max_restarts(torchrun_args) == 0:
+        say("note: --max-restarts is 0, so torchrun will not restart after a failure; "
             "the JIT checkpoint is kept and rerunning the same command resumes from it")
     say("launching torchrun " + " ".join(torchrun_args))
 
@@ -192,5 +198,5 @@ def main(argv: list[str]) -> int:
         say(f"could not write the report to {report_path}: {exc}")
     if code != 0:
         say(f"the job failed (torchrun exit status {code})" +
-            ("" if _has_max_restarts(torchrun_args) else "; rerun the same command to resume from the JIT checkpoint"))
+            ("; rerun the same command to resume from the newest JIT checkpoint" if max_restarts(torchrun_args) == 0 else ""))
     return code

@@ -40,7 +40,7 @@ def test_wrong_world_size_is_a_clear_error_and_loses_nothing(tmp_path):
     ckpt = tmp_path / "ckpt"
     saved = run_jit(ckpt, fault="rank=2,step=6,phase=forward,kind=kill", max_restarts=0)
     assert saved.returncode != 0 and (ckpt / "step-00000006").is_dir()
-    assert "rerun the same command to resume" in saved.output
+    assert "rerun the same command to resume" in saved.output  # --max-restarts 0: the hint
     before = tree_digest(ckpt / "step-00000006")
     wrong = run_jit(ckpt, nproc=2, max_restarts=0)
     assert wrong.returncode != 0
