@@ -12,19 +12,23 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
     say "installing torch==2.13.0 (CPU build)"
     "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
-if ! "$PY" -c 'import jitckpt, pytest, elftools, matplotlib' 2>/dev/null || ! command -v jit-run >/dev/null; then
-    say "installing jitckpt (editable) with test and plot extras"
-    "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,plot]"
-fi
 if ! "$PY" -c 'import nvidia.nccl' 2>/dev/null; then
     say "installing nvidia-nccl-cu13 (nccl.h and libnccl.so.2 for the CPU device emulator)"
     "$PY" -m pip install --quiet --disable-pip-version-check nvidia-nccl-cu13
 fi
+if ! "$PY" -c 'import jitckpt, pytest, elftools, matplotlib, cffi' 2>/dev/null || ! command -v jit-run >/dev/null; then
+    say "installing jitckpt (editable, with test and plot extras); this also builds the native parts"
+    "$PY" -m pip install --quiet --disable-pip-version-check "setuptools>=64" wheel
+    # --no-build-isolation: the native build needs nccl.h from the nvidia-nccl-cu13 installed above
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,plot]"
+fi
 if command -v nvcc >/dev/null && [ -d /usr/local/cuda/include ]; then
-    say "building the CPU device emulator (emulator/build)"
-    make -s -C emulator -j2
+    # up to date after the install; rebuilds only what changed in a working tree
+    for dir in emulator interpose; do
+        if [ -f "$dir/Makefile" ]; then make -s -C "$dir" -j2; fi
+    done
 else
-    say "warning: CUDA 13 toolkit not found (nvcc, /usr/local/cuda/include); the CPU device emulator is not built"
+    say "warning: CUDA 13 toolkit not found (nvcc, /usr/local/cuda/include): the CPU device emulator is not built"
     say "         and its tests will be skipped. Install the CUDA toolkit to build it."
 fi
 say "done"
