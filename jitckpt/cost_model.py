@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -68,30 +68,25 @@ __all__ = [
 # --------------------------------------------------------------------------
 
 
+def _checked_float(name: str, value: float, accept: Callable[[float], bool], expected: str) -> float:
+    """Return ``value`` as a float if it is a finite number that ``accept`` allows, else raise ValueError."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or not accept(number):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return number
+
+
 def _positive(name: str, value: float) -> float:
     """Return ``value`` as a float if it is finite and > 0, else raise ValueError."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive number, got {value!r}") from None
-    if not math.isfinite(number) or number <= 0.0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return number
+    return _checked_float(name, value, lambda x: x > 0.0, "a positive finite number")
 
 
 def _fraction(name: str, value: float) -> float:
     """Return ``value`` as a float if 0 <= value < 1, else raise ValueError."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a fraction in [0, 1), got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a fraction in [0, 1), got {value!r}") from None
-    if not math.isfinite(number) or not 0.0 <= number < 1.0:
-        raise ValueError(f"{name} must be a fraction in [0, 1), got {value!r}")
-    return number
+    return _checked_float(name, value, lambda x: 0.0 <= x < 1.0, "a fraction in [0, 1)")
 
 
 def _gpus(n_gpus: int) -> int:
