@@ -1,0 +1,515 @@
+"""Tests of `jit-run doctor` (jitckpt.doctor) on real binaries.
+
+The CUDA programs are compiled here with nvcc 13, once with ``-cudart shared``
+and once with nvcc's default static runtime; the libraries analysed are the
+real ``libcudart.so.13`` of the CUDA toolkit, the real ``libnccl.so.2`` of the
+``nvidia-nccl-cu13`` wheel and the CPU device emulator's libraries. Small
+stand-ins built with gcc play the parts this machine does not have (a
+``libcuda.so.1`` driver, a ``libcublas.so.13``, a CUDA 12 runtime). Expected
+imports come from ``nvcc``'s behaviour as recorded in emulator/README.md,
+not from the code under test. Everything here is static analysis, so nothing
+needs a GPU.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jitckpt import doctor
+
+REPO = Path(__file__).resolve().parent.parent
+EMULATOR = REPO / "emulator"
+EMULATOR_BUILD = EMULATOR / "build"
+
+CUDA_PROGRAM = r"""
+#include <cstdio>
+#include <cuda_runtime.h>
+__device__ int hits;
+__global__ void add_one(float *x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) { x[i] += 1.0f; atomicAdd(&hits, 1); }
+}
+int main() {
+  float *d = nullptr;
+  if (cudaMalloc(&d, 16 * sizeof(float)) != cudaSuccess) return 1;
+  add_one<<<1, 16>>>(d, 16);
+  cudaDeviceSynchronize();
+  return cudaFree(d) == cudaSuccess ? 0 : 1;
+}
+"""
+
+# A library that does its own CUDA work: built with nvcc's default (static) runtime.
+CUDA_LIBRARY = r"""
+#include <cuda_runtime.h>
+__global__ void fill(float *x) { x[threadIdx.x] = 2.0f; }
+extern "C" int worker_run(void) {
+  float *d = nullptr;
+  if (cudaMalloc(&d, 64 * sizeof(float)) != cudaSuccess) return 1;
+  fill<<<1, 64>>>(d);
+  return cudaFree(d);
+}
+"""
+
+# What nvcc 13 -cudart shared imports for CUDA_PROGRAM (emulator/README.md, "ABI facts").
+EXPECTED_SHARED_IMPORTS = {
+    f"{name}@libcudart.so.13"
+    for name in (
+        "cudaMalloc", "cudaFree", "cudaDeviceSynchronize",
+        "__cudaRegisterFatBinary", "__cudaRegisterFatBinaryEnd", "__cudaRegisterFunction",
+        "__cudaRegisterVar", "__cudaUnregisterFatBinary", "__cudaPushCallConfiguration",
+        "__cudaPopCallConfiguration", "__cudaGetKernel", "__cudaLaunchKernel", "__cudaInitModule",
+    )
+}
+# The hidden entry points DESIGN decision 5 names.
+DESIGN_HIDDEN = {"__cudaRegisterFatBinary", "__cudaRegisterFunction", "__cudaPushCallConfiguration",
+                 "__cudaLaunchKernel", "__cudaGetKernel", "__cudaInitModule"}
+
+
+# --------------------------------------------------------------------------
+# helpers and fixtures
+# --------------------------------------------------------------------------
+
+
+def run_doctor(*args: str) -> tuple[int, str, str]:
+    """Run doctor.main in-process; returns (status, stdout, stderr)."""
+    out = io.StringIO()
+    err = io.StringIO()
+    old_err = sys.stderr
+    sys.stderr = err
+    try:
+        status = doctor.main(list(args), stdout=out)
+    finally:
+        sys.stderr = old_err
+    return status, out.getvalue(), err.getvalue()
+
+
+def doctor_json(path: Path | str, *extra: str) -> dict[str, Any]:
+    status, out, err = run_doctor(str(path), "--json", *extra)
+    assert status == 0, err
+    return json.loads(out)
+
+
+def imports_of(report: dict[str, Any], importer: str | None = None) -> dict[str, dict[str, Any]]:
+    return {i["symbol"]: i for i in report["imports"] if importer is None or i["importer"] == importer}
+
+
+def obj(report: dict[str, Any], name: str) -> dict[str, Any]:
+    found = [o for o in report["objects"] if o["name"] == name]
+    assert found, f"{name} not in {[o['name'] for o in report['objects']]}"
+    return found[0]
+
+
+def limit(report: dict[str, Any], key: str) -> dict[str, Any]:
+    return next(l for l in report["limits"] if l["key"] == key)
+
+
+def _parallel(commands: list[list[str]], cwd: Path) -> None:
+    procs = [(cmd, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+             for cmd in commands]
+    for cmd, proc in procs:
+        output, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{output}"
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+
+
+@pytest.fixture(scope="session")
+def gcc() -> str:
+    found = shutil.which("gcc")
+    if found is None:
+        pytest.skip("gcc is not installed")
+    return found
+
+
+@pytest.fixture(scope="session")
+def cuda_builds(tmp_path_factory: pytest.TempPathFactory, gcc: str) -> dict[str, Path]:
+    """The nvcc-built programs and libraries, compiled in parallel."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed: the CUDA programs cannot be compiled")
+    d = tmp_path_factory.mktemp("cuda")
+    (d / "lib").mkdir()
+    (d / "prog.cu").write_text(CUDA_PROGRAM)
+    (d / "worker.cu").write_text(CUDA_LIBRARY)
+    ext = "ext_demo.cpython-311-x86_64-linux-gnu.so"
+    # Compile each source once; the runtime is chosen when linking (-cudart), which is quick.
+    _parallel([["nvcc", "-c", "-o", "prog.o", "prog.cu"],
+               ["nvcc", "-c", "-Xcompiler", "-fPIC", "-o", "worker.o", "worker.cu"]], d)
+    _parallel([["nvcc", "-cudart", "shared", "-o", "prog_shared", "prog.o"],
+               ["nvcc", "-o", "prog_static", "prog.o"],  # nvcc's default: -cudart static
+               ["nvcc", "-shared", "-o", "lib/libworker.so", "worker.o"],
+               ["nvcc", "-shared", "-cudart", "shared", "-o", ext, "worker.o"]], d)
+    (d / "uses_worker.c").write_text(
+        "int worker_run(void); int cudaDeviceSynchronize(void);\n"
+        "int main(void) { worker_run(); return cudaDeviceSynchronize(); }\n")
+    _run([gcc, "-o", "prog_uses_worker", "uses_worker.c", "-Llib", "-lworker", "-L/usr/local/cuda/lib64",
+          "-lcudart", "-Wl,-rpath,$ORIGIN/lib"], d)
+    return {"shared": d / "prog_shared", "static": d / "prog_static", "worker": d / "lib/libworker.so",
+            "uses_worker": d / "prog_uses_worker", "extension": d / ext}
+
+
+@pytest.fixture(scope="session")
+def stand_ins(tmp_path_factory: pytest.TempPathFactory, gcc: str) -> dict[str, Path]:
+    """gcc-built stand-ins for what this machine lacks: a driver, cuBLAS, a CUDA 12 runtime."""
+    d = tmp_path_factory.mktemp("standins")
+    lib = d / "lib"
+    lib.mkdir()
+    files = {
+        "driver.c": "int cuInit(unsigned f) { return 0; }\nint cuMemAlloc_v2(void **p, unsigned long n) { return 0; }\n",
+        "cublas.c": "int cublasCreate_v2(void **h) { return 0; }\nint cublasSgemm_v2(void) { return 0; }\n",
+        "rt12.c": "int cudaMalloc(void **p, unsigned long n) { return 0; }\n",
+        "rt12.map": "libcudart.so.12 { global: cuda*; local: *; };\n",
+        "uses_driver.c": ("int cuInit(unsigned); int cuMemAlloc_v2(void **, unsigned long);\n"
+                          "int cudaMalloc(void **, unsigned long);\n"
+                          "int main(void) { void *p; cuInit(0); cuMemAlloc_v2(&p, 8); return cudaMalloc(&p, 8); }\n"),
+        "uses_cublas.c": ("int cublasCreate_v2(void **); int cublasSgemm_v2(void); int cudaMalloc(void **, unsigned long);\n"
+                          "int main(void) { void *h; cudaMalloc(&h, 8); cublasCreate_v2(&h); return cublasSgemm_v2(); }\n"),
+        "uses_rt12.c": "int cudaMalloc(void **, unsigned long);\nint main(void) { void *p; return cudaMalloc(&p, 8); }\n",
+    }
+    for name, text in files.items():
+        (d / name).write_text(text)
+    rpath = "-Wl,-rpath,$ORIGIN/lib"
+    _run([gcc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", "lib/libcuda.so.1", "driver.c"], d)
+    _run([gcc, "-shared", "-fPIC", "-Wl,-soname,libcublas.so.13", "-o", "lib/libcublas.so.13", "cublas.c"], d)
+    _run([gcc, "-shared", "-fPIC", "-Wl,-soname,libcudart.so.12", "-Wl,--version-script=rt12.map",
+          "-o", "lib/libcudart.so.12", "rt12.c"], d)
+    cudart = ["-L/usr/local/cuda/lib64", "-lcudart"]
+    _run([gcc, "-o", "prog_driver", "uses_driver.c", "-Llib", "-l:libcuda.so.1", *cudart, rpath], d)
+    _run([gcc, "-o", "prog_cublas", "uses_cublas.c", "-Llib", "-l:libcublas.so.13", *cudart, rpath], d)
+    _run([gcc, "-o", "prog_cuda12", "uses_rt12.c", "-Llib", "-l:libcudart.so.12", rpath], d)
+    return {"driver": d / "prog_driver", "cublas": d / "prog_cublas", "cuda12": d / "prog_cuda12", "dir": d}
+
+
+@pytest.fixture(scope="session")
+def emulator_build() -> Path:
+    """The emulator's libraries, built first if emulator/build lacks them."""
+    if not all((EMULATOR_BUILD / lib).is_file() for lib in ("libcudart.so.13", "libnccl.so.2")):
+        proc = subprocess.run(["make", "-C", str(EMULATOR), "-j2"], capture_output=True, text=True)
+        assert proc.returncode == 0, f"make -C emulator failed:\n{proc.stdout}\n{proc.stderr}"
+    return EMULATOR_BUILD
+
+
+@pytest.fixture(scope="session")
+def nccl_wheel() -> Path:
+    """The nvidia-nccl-cu13 wheel's package directory, installed with pip if missing."""
+    try:
+        module = importlib.import_module("nvidia.nccl")
+    except ImportError:
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "nvidia-nccl-cu13"],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            pytest.skip(f"nvidia-nccl-cu13 is not installed and pip could not install it: {proc.stderr[-500:]}")
+        importlib.invalidate_caches()
+        module = importlib.import_module("nvidia.nccl")
+    root = Path(list(module.__path__)[0])
+    assert (root / "lib" / "libnccl.so.2").is_file()
+    return root
+
+
+@pytest.fixture(scope="session")
+def real_cudart() -> Path:
+    found = sorted(glob.glob("/usr/local/cuda*/lib64/libcudart.so.13*")
+                   + glob.glob("/usr/local/cuda*/targets/*/lib/libcudart.so.13*"))
+    if not found:
+        pytest.skip("the CUDA 13 toolkit's libcudart.so.13 is not under /usr/local/cuda")
+    return Path(found[0])
+
+
+# --------------------------------------------------------------------------
+# nvcc-built programs
+# --------------------------------------------------------------------------
+
+
+def test_shared_cudart_program_lists_exact_imports_and_both_modes_ok(cuda_builds: dict[str, Path]) -> None:
+    report = doctor_json(cuda_builds["shared"])
+    found = imports_of(report)
+    assert set(found) == EXPECTED_SHARED_IMPORTS
+    assert all(i["status"] == "covered" and i["bound_to"] == "libcudart.so.13" for i in found.values())
+    assert DESIGN_HIDDEN <= {i["name"] for i in found.values()}
+    assert report["verdict"]["passthrough"]["status"] == "ok"
+    assert report["verdict"]["transparent"]["status"] == "ok"
+    assert not any(l["applies"] for l in report["limits"])
+
+    status, text, _ = run_doctor(str(cuda_builds["shared"]))
+    assert status == 0
+    assert "cudaMalloc@libcudart.so.13" in text and "__cudaRegisterFatBinary@libcudart.so.13" in text
+    assert text.rstrip().splitlines()[-1] == "verdict: passthrough mode OK; transparent mode OK"
+
+
+def test_shared_program_binds_to_the_emulator_through_ld_library_path(
+        cuda_builds: dict[str, Path], emulator_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(emulator_build))
+    report = doctor_json(cuda_builds["shared"])
+    runtime = obj(report, "libcudart.so.13")
+    assert Path(runtime["path"]).resolve() == (emulator_build / "libcudart.so.13").resolve()
+    assert runtime["found_via"] == "LD_LIBRARY_PATH"
+    assert runtime["role"] == doctor.ROLE_EMULATED_RUNTIME
+    assert report["verdict"]["transparent"]["status"] == "ok"
+
+
+def test_static_cudart_program_cannot_be_interposed(cuda_builds: dict[str, Path]) -> None:
+    report = doctor_json(cuda_builds["static"])
+    assert not [i for i in report["imports"] if i["category"] == "runtime"]
+    assert any("__cudaRegisterFatBinary" in e for e in obj(report, "prog_static")["static_runtime"])
+    assert limit(report, "static-cudart")["applies"]
+    for mode in ("passthrough", "transparent"):
+        verdict = report["verdict"][mode]
+        assert verdict["status"] == "not supported"
+        assert any("rebuild with -cudart shared" in r["reason"] for r in verdict["reasons"])
+    status, text, _ = run_doctor(str(cuda_builds["static"]))
+    last = text.rstrip().splitlines()[-1]
+    assert last.startswith("verdict: passthrough mode NOT SUPPORTED, transparent mode NOT SUPPORTED")
+    assert "rebuild with -cudart shared" in last
+
+
+def test_dependency_with_static_runtime_blocks_transparent_only(cuda_builds: dict[str, Path]) -> None:
+    report = doctor_json(cuda_builds["uses_worker"])
+    worker = obj(report, "libworker.so")
+    assert worker["found_via"] == "DT_RUNPATH of prog_uses_worker"  # $ORIGIN/lib expanded
+    assert worker["static_runtime"]
+    assert limit(report, "static-runtime-libraries")["applies"]
+    assert report["verdict"]["passthrough"]["status"] == "ok"
+    assert any("libworker.so" in c for c in report["verdict"]["passthrough"]["caveats"])
+    transparent = report["verdict"]["transparent"]
+    assert transparent["status"] == "not supported"
+    assert any("libworker.so" in r["reason"] for r in transparent["reasons"])
+
+
+def test_python_extension_module(cuda_builds: dict[str, Path]) -> None:
+    report = doctor_json(cuda_builds["extension"])
+    assert report["kind"] == "Python extension module"
+    found = imports_of(report)
+    assert {"cudaMalloc@libcudart.so.13", "cudaFree@libcudart.so.13", "__cudaRegisterFatBinary@libcudart.so.13",
+            "__cudaLaunchKernel@libcudart.so.13"} <= set(found)
+    assert report["verdict"]["transparent"]["status"] == "ok"
+    assert any("Python interpreter" in n for n in report["notes"])
+
+
+# --------------------------------------------------------------------------
+# the libraries themselves
+# --------------------------------------------------------------------------
+
+
+def test_real_libcudart_is_reported_as_the_runtime_itself(real_cudart: Path) -> None:
+    report = doctor_json(real_cudart)
+    provides = report["provides"]
+    assert provides["role"] == doctor.ROLE_RUNTIME
+    assert report["imports"] == []
+    assert provides["defines"] >= 400
+    assert provides["versions"] == ["libcudart.so.13"]
+    assert DESIGN_HIDDEN <= set(provides["hidden_entry_points"])
+    # The emulator never makes up API names, so every covered function is a real one.
+    assert provides["covered"] == report["coverage"]["runtime_functions"]
+    assert provides["covered"] + len(provides["not_covered"]) == provides["defines"]
+    for mode in ("passthrough", "transparent"):
+        assert report["verdict"][mode]["status"] == "not applicable"
+    _, text, _ = run_doctor(str(real_cudart))
+    assert "defines rather than imports" in text
+    assert text.rstrip().splitlines()[-1] == "verdict: not applicable (libcudart.so.13 is the CUDA runtime itself)"
+
+
+def test_emulator_libraries(emulator_build: Path) -> None:
+    runtime = doctor_json(emulator_build / "libcudart.so.13")
+    assert runtime["provides"]["role"] == doctor.ROLE_EMULATED_RUNTIME
+    assert runtime["provides"]["not_covered"] == []
+    assert runtime["provides"]["versions"] == ["libcudart.so.13"]
+
+    nccl = doctor_json(emulator_build / "libnccl.so.2")
+    assert nccl["provides"]["role"] == doctor.ROLE_EMULATED_NCCL
+    assert nccl["provides"]["not_covered"] == []
+    assert nccl["provides"]["versions"] == ["(unversioned)"]
+    assert nccl["imports"] == []  # the emulated NCCL imports no cuda* symbol (README)
+    dep = obj(nccl, "libcudart.so.13")  # found through its DT_RUNPATH $ORIGIN
+    assert dep["found_via"] == "DT_RUNPATH of libnccl.so.2"
+    assert Path(dep["path"]).resolve() == (emulator_build / "libcudart.so.13").resolve()
+
+
+def test_real_libnccl_is_nccl_itself_with_a_static_runtime(nccl_wheel: Path) -> None:
+    report = doctor_json(nccl_wheel / "lib" / "libnccl.so.2")
+    provides = report["provides"]
+    assert provides["role"] == doctor.ROLE_NCCL
+    assert provides["versions"] == ["(unversioned)"]
+    assert {"ncclAllReduce", "ncclCommInitRank"}.isdisjoint(provides["not_covered"])
+    assert "ncclCommSplit" in provides["not_covered"]
+    assert obj(report, "libnccl.so.2")["static_runtime"]
+    assert any("expected" in n for n in report["notes"])
+    assert report["verdict"]["transparent"]["status"] == "not applicable"
+
+
+def test_program_using_nccl(nccl_wheel: Path, gcc: str, tmp_path: Path) -> None:
+    source = tmp_path / "uses_nccl.c"
+    source.write_text(
+        "typedef struct ncclComm *ncclComm_t;\n"
+        "int ncclAllReduce(const void *, void *, unsigned long, int, int, ncclComm_t, void *);\n"
+        "int ncclCommSplit(ncclComm_t, int, int, ncclComm_t *, void *);\n"
+        "int main(void) { ncclComm_t c = 0, n; ncclAllReduce(0, 0, 0, 0, 0, c, 0); return ncclCommSplit(c, 0, 0, &n, 0); }\n")
+    lib = nccl_wheel / "lib"
+    _run([gcc, "-o", "prog_nccl", str(source), f"-L{lib}", "-l:libnccl.so.2", f"-Wl,-rpath,{lib}"], tmp_path)
+    report = doctor_json(tmp_path / "prog_nccl")
+    found = imports_of(report)
+    assert found["ncclAllReduce"]["status"] == "covered"  # unversioned, as NCCL's symbols are
+    assert found["ncclAllReduce"]["bound_to"] == "libnccl.so.2"
+    assert found["ncclCommSplit"]["status"] == "not covered"
+    assert report["verdict"]["passthrough"]["status"] == "ok"
+    transparent = report["verdict"]["transparent"]
+    assert transparent["status"] == "not supported"
+    assert any("ncclCommSplit" in r["reason"] for r in transparent["reasons"])
+    # libnccl.so.2's own static runtime is expected, not a reason against either mode
+    assert not any("libnccl" in r["reason"] for r in transparent["reasons"])
+
+
+# --------------------------------------------------------------------------
+# stand-ins for what this machine lacks
+# --------------------------------------------------------------------------
+
+
+def test_driver_api_imports_are_not_interposed(stand_ins: dict[str, Path]) -> None:
+    report = doctor_json(stand_ins["driver"])
+    found = imports_of(report)
+    assert found["cuInit"]["category"] == "driver" and found["cuInit"]["status"] == "not interposed"
+    assert found["cuInit"]["bound_to"] == "libcuda.so.1"
+    assert found["cudaMalloc@libcudart.so.13"]["status"] == "covered"
+    assert limit(report, "driver-api")["applies"]
+    assert report["verdict"]["passthrough"]["status"] == "ok"
+    transparent = report["verdict"]["transparent"]
+    assert transparent["status"] == "not supported"
+    assert any("driver API" in r["reason"] for r in transparent["reasons"])
+
+
+def test_cublas_is_not_covered(stand_ins: dict[str, Path]) -> None:
+    report = doctor_json(stand_ins["cublas"])
+    assert imports_of(report)["cublasSgemm_v2"]["category"] == "cublas"
+    assert any("NVIDIA math library" in e for e in obj(report, "libcublas.so.13")["static_runtime"])
+    assert limit(report, "static-runtime-libraries")["applies"]
+    assert report["verdict"]["transparent"]["status"] == "not supported"
+    assert report["verdict"]["passthrough"]["status"] == "ok"
+
+
+def test_other_runtime_version_is_a_mismatch(stand_ins: dict[str, Path]) -> None:
+    report = doctor_json(stand_ins["cuda12"])
+    assert imports_of(report)["cudaMalloc@libcudart.so.12"]["status"] == "version mismatch"
+    for mode in ("passthrough", "transparent"):
+        assert report["verdict"][mode]["status"] == "not supported"
+
+
+def test_resolution_agrees_with_the_real_loader(stand_ins: dict[str, Path], emulator_build: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """RUNPATH with $ORIGIN, LD_LIBRARY_PATH and ld.so.cache, checked against ldd (which runs ld.so)."""
+    if shutil.which("ldd") is None:
+        pytest.skip("ldd is not installed")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(emulator_build))
+    report = doctor_json(stand_ins["driver"])
+    proc = subprocess.run(["ldd", str(stand_ins["driver"])], capture_output=True, text=True,
+                          env={**os.environ, "LD_LIBRARY_PATH": str(emulator_build)})
+    assert proc.returncode == 0, proc.stderr
+    by_ldd = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[1] == "=>":
+            by_ldd[parts[0]] = os.path.realpath(parts[2])
+    ours = {o["name"]: os.path.realpath(o["path"]) for o in report["objects"][1:]}
+    for name, path in by_ldd.items():
+        assert ours.get(name) == path, (name, ours.get(name), path)
+    assert obj(report, "libcudart.so.13")["found_via"] == "LD_LIBRARY_PATH"
+    assert obj(report, "libcuda.so.1")["found_via"] == "DT_RUNPATH of prog_driver"
+
+
+# --------------------------------------------------------------------------
+# coverage list, options, errors
+# --------------------------------------------------------------------------
+
+
+def test_coverage_comes_from_the_emulator(emulator_build: Path) -> None:
+    coverage = doctor.load_coverage()
+    assert str(emulator_build / "libcudart.so.13") in coverage.sources[0]
+    assert "cudart.map" in coverage.sources[0]
+    assert set(doctor.HIDDEN_ENTRY_POINTS) <= set(coverage.runtime)
+    assert set(coverage.runtime.values()) == {"libcudart.so.13"}
+    assert {"ncclAllReduce", "pncclAllReduce"} <= set(coverage.nccl)
+    assert set(coverage.nccl.values()) == {None}
+    # The fallback list must say the same as the emulator it stands for.
+    assert set(coverage.runtime) == doctor.EMBEDDED_RUNTIME_FUNCTIONS, (
+        "the emulator's exports changed: update _EMBEDDED_RUNTIME in jitckpt/doctor.py "
+        "(`jit-run doctor --transparent-list` prints the current list)")
+    assert set(coverage.nccl) == doctor.EMBEDDED_NCCL_FUNCTIONS
+
+
+def test_coverage_falls_back_to_the_embedded_list_and_honours_a_version_script(tmp_path: Path) -> None:
+    empty = doctor.load_coverage(tmp_path)
+    assert set(empty.runtime) == doctor.EMBEDDED_RUNTIME_FUNCTIONS
+    assert set(empty.runtime.values()) == {"libcudart.so.13"}
+    assert "embedded" in empty.sources[0]
+    (tmp_path / "cudart.map").write_text("/* only two */ libcudart.so.13 { global: cudaMalloc; __cudaLaunch*; local: *; };\n")
+    (tmp_path / "nccl.map").write_text("{ global: ncclAllReduce; local: *; };\n")
+    narrow = doctor.load_coverage(tmp_path)
+    assert narrow.runtime == {"cudaMalloc": "libcudart.so.13", "__cudaLaunchKernel": "libcudart.so.13",
+                              "__cudaLaunchKernel_ptsz": "libcudart.so.13"}
+    assert narrow.nccl == {"ncclAllReduce": None}
+
+
+def test_transparent_list() -> None:
+    status, text, _ = run_doctor("--transparent-list")
+    assert status == 0
+    assert "__cudaLaunchKernel" in text and "ncclAllReduce" in text and "libcudart.so.13" in text
+    status, out, _ = run_doctor("--transparent-list", "--json")
+    data = json.loads(out)["coverage"]
+    assert data["runtime"]["cudaMalloc"] == "libcudart.so.13"
+    assert data["nccl"]["ncclAllReduce"] is None
+
+
+def test_ld_so_cache_is_parsed() -> None:
+    if not doctor.LD_SO_CACHE.is_file():
+        pytest.skip("no /etc/ld.so.cache")
+    cache = doctor.read_ld_so_cache()
+    assert any(os.path.basename(p) == "libc.so.6" for p in cache.get("libc.so.6", []))
+
+
+def test_jit_run_doctor_command(cuda_builds: dict[str, Path]) -> None:
+    """The `jit-run doctor` entry point, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "jitckpt.cli", "doctor", str(cuda_builds["shared"])],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().endswith("verdict: passthrough mode OK; transparent mode OK")
+
+
+@pytest.mark.parametrize("case", ["missing", "text", "directory", "object", "script"])
+def test_bad_input_is_one_line_and_status_2(case: str, tmp_path: Path, gcc: str) -> None:
+    path = tmp_path / case
+    expected = {"missing": "no such file", "text": "not an ELF", "directory": "is a directory",
+                "object": "object file", "script": "a script?"}[case]
+    if case == "text":
+        path.write_text("just words\n")
+    elif case == "directory":
+        path.mkdir()
+    elif case == "object":
+        (tmp_path / "x.c").write_text("int f(void) { return 1; }\n")
+        _run([gcc, "-c", "-o", str(path), "x.c"], tmp_path)
+    elif case == "script":
+        path.write_text("#!/bin/sh\necho hi\n")
+    status, out, err = run_doctor(str(path))
+    assert status == 2
+    assert out == ""
+    assert err.count("\n") == 1 and expected in err and str(path) in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
+def test_unreadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(b"\x7fELF")
+    path.chmod(0)
+    status, _, err = run_doctor(str(path))
+    assert status == 2 and "cannot read" in err and err.count("\n") == 1
