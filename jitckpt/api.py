@@ -57,8 +57,18 @@ def runtime() -> Any:
         os.environ[config.ENV_ACTIVE] = config.ACTIVE_CLAIMED
         instrument.install(_runtime)
         CollectiveWatchdog(_runtime).start()
+        _connect_interposer()
         atexit.register(_runtime.record_exit)
     return _runtime
+
+
+def _connect_interposer() -> None:
+    """If jit-run preloaded the CUDA/NCCL interposition library, let its C watchdog raise JIT events here."""
+    try:
+        from jitckpt import interpose
+    except ImportError:  # cffi missing: the library (if any) has no one to call
+        return
+    interpose.install()
 
 
 def register_save_checkpoint(fn: Callable[[str], Any]) -> None:

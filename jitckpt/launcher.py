@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from jitckpt import checkpoint_store, config, events, faults, report
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(phases: {', '.join(faults.PHASES)}; kinds: {', '.join(faults.KINDS)}) [{config.ENV_FAULT}]")
     parser.add_argument("--emulated-gpus", type=int, metavar="N",
                         help="run the job's CUDA programs on N CPU-emulated GPUs per node (the CPU device emulator)")
+    parser.add_argument("--interpose", choices=("auto", "on", "off"), default=env(config.ENV_INTERPOSE, "auto"),
+                        help="preload the CUDA/NCCL interposition library (C watchdog over NCCL events) into the "
+                             f"workers: auto = when the host has NVIDIA GPUs or --emulated-gpus is given "
+                             f"[{config.ENV_INTERPOSE}, default %(default)s]")
     parser.add_argument("--keep", type=int, default=3,
                         help="keep the newest N complete checkpoint steps, prune older ones at start (default %(default)s)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="torchrun [torchrun options] script.py [args]")
@@ -111,7 +116,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
     except checkpoint_store.CheckpointError as exc:
         raise UsageError(str(exc)) from None
 
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     run_dir = root / ".jitckpt" / f"run-{run_id}"
     run_dir.mkdir(parents=True)
     shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else run_dir
@@ -139,7 +144,26 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
             env = emulator.job_environment(env, args.emulated_gpus)
         except emulator.EmulatorMissing as exc:
             raise UsageError(str(exc)) from None
+    if args.interpose == "on" or (args.interpose == "auto" and (args.emulated_gpus or Path("/dev/nvidiactl").exists())):
+        env = _with_interposer(env)
     return [sys.executable, "-m", "jitckpt.agent", *torchrun_args], env, run_dir
+
+
+def _with_interposer(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the interposition library first on LD_PRELOAD (built first if needed)."""
+    from jitckpt import interpose
+
+    library = interpose.library_path()
+    if not library.is_file():
+        result = subprocess.run(["make", "-s", "-C", str(library.parent.parent), "-j2"], capture_output=True, text=True)
+        if result.returncode != 0 or not library.is_file():
+            raise UsageError(
+                f"the interposition library {library} is not built and `make -C interpose` failed "
+                f"(it needs gcc and the CUDA 13 headers); use --interpose off to run without it:\n{result.stderr[-1500:]}"
+            )
+    env = dict(env)
+    env["LD_PRELOAD"] = " ".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)
+    return env
 
 
 def say(message: str) -> None:

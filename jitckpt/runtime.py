@@ -188,8 +188,13 @@ class JitRuntime:
             frame = frame.f_back
         return False
 
-    def _safe_to_save(self) -> bool:
+    def _safe_to_save(self, reason: str) -> bool:
         if self.main_parked.is_set():
+            return True
+        if reason.startswith("cuda-"):
+            # The C watchdog saw a CUDA event after an NCCL kernel never complete:
+            # the device work that would update parameters is queued behind it
+            # (cudaStreamWaitEvent), whatever the host thread is doing.
             return True
         if self.phase == "optimizer":
             return False
@@ -234,7 +239,7 @@ class JitRuntime:
 
     def _save_and_exit(self, reason: str, detail: str) -> None:
         deadline = time.monotonic() + self.save_grace
-        while not self._safe_to_save():
+        while not self._safe_to_save(reason):
             if time.monotonic() > deadline:
                 log(f"no safe point reached within {self.save_grace:.0f}s (phase {self.phase}); exiting without a save")
                 events.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error="no safe point reached")
@@ -255,10 +260,12 @@ class JitRuntime:
         try:
             pending = checkpoint_store.PendingSave(self.checkpoint_root, step, self.coords)
             _saving.active = True
+            _interposer_save_mode(True)
             try:
                 self.save_fn(str(pending.path))
             finally:
                 _saving.active = False
+                _interposer_save_mode(False)
             self.injector.maybe_fire("save", step)
             rng_files = self._copy_rng_stashes(pending.path, step)
             ddp_layout.write(pending.path)
@@ -355,6 +362,20 @@ class _SaveFlag(threading.local):
 
 
 _saving = _SaveFlag()
+
+
+def _interposer_save_mode(active: bool) -> None:
+    """Tell the interposition library (if preloaded) that this thread's CUDA copies belong to a JIT save.
+
+    During a save, copies on the legacy default stream or on streams blocked
+    behind the hung collective are redirected to a fresh stream (DESIGN decision 4).
+    """
+    try:
+        from jitckpt import interpose
+    except ImportError:
+        return
+    if interpose.is_loaded():
+        interpose.save_in_progress(active)
 
 
 def in_jit_save() -> bool:

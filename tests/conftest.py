@@ -55,6 +55,7 @@ def run_jit(
     hang_timeout: float = 3.0,
     args: list[str] | None = None,
     jit_options: list[str] | None = None,
+    timeout: float = JOB_TIMEOUT,
 ) -> JobResult:
     """The same job under jit-run; returns output and the JSON report."""
     report_path = ckpt_dir.parent / f"{ckpt_dir.name}-report.json"
@@ -66,9 +67,12 @@ def run_jit(
         cmd += ["--fault", fault]
     cmd += ["torchrun", "--standalone", "--nproc_per_node", str(nproc), "--max-restarts", str(max_restarts),
             str(EXAMPLE), *TRAIN_ARGS, *(args or [])]
-    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=REPO)
+    log_path = ckpt_dir.parent / f"{ckpt_dir.name}.log"  # kept for post-mortems, even on a timeout
+    with open(log_path, "w") as log:
+        proc = subprocess.run(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=REPO)
+    output = log_path.read_text(errors="replace")
     report = json.loads(report_path.read_text()) if report_path.exists() else None
-    return JobResult(proc.returncode, proc.stdout + proc.stderr, report)
+    return JobResult(proc.returncode, output, report)
 
 
 @pytest.fixture(scope="session")

@@ -97,3 +97,18 @@ def test_emulated_gpus_puts_the_emulator_first_on_the_library_path(tmp_path):
     assert env["JITCKPT_SIMDEV_DEVICES"] == "4"
     result = jit_run("--checkpoint-dir", str(tmp_path), "--emulated-gpus", "0", "torchrun", "x.py")
     assert result.returncode == 2 and "--emulated-gpus" in result.stderr
+
+
+def test_interposer_is_preloaded_with_emulated_gpus_and_not_by_default(tmp_path):
+    from jitckpt import interpose
+
+    args = launcher.build_parser().parse_args(["--checkpoint-dir", str(tmp_path), "torchrun", "x.py"])
+    _, env, _ = launcher.prepare(args)
+    assert "libjitckpt_interpose" not in env.get("LD_PRELOAD", "")
+    args = launcher.build_parser().parse_args(["--checkpoint-dir", str(tmp_path), "--emulated-gpus", "2", "torchrun", "x.py"])
+    _, env, _ = launcher.prepare(args)
+    assert env["LD_PRELOAD"].split()[0] == str(interpose.library_path())
+    args = launcher.build_parser().parse_args(["--checkpoint-dir", str(tmp_path), "--emulated-gpus", "2", "--interpose", "off",
+                                               "torchrun", "x.py"])
+    _, env, _ = launcher.prepare(args)
+    assert "libjitckpt_interpose" not in env.get("LD_PRELOAD", "")

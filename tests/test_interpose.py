@@ -1,0 +1,445 @@
+"""Tests of the passthrough interposition library (``interpose/``), on the CPU device emulator.
+
+``libjitckpt_interpose.so`` is LD_PRELOADed in front of the emulator's
+``libcudart.so.13`` and ``libnccl.so.2`` (which stand in for NVIDIA's, with the
+same sonames, symbol versions and ABI).  These tests check, *on the emulator*:
+
+* the library's exports match the real libraries' (versions, names), and a
+  CUDA 13 binary binds the wrapped calls to it and everything else to the
+  runtime;
+* passthrough is transparent: a DDP-shaped CUDA program prints the same bytes
+  with and without the preload, and no JIT event fires in a healthy run;
+* a hang injected into one rank's all-reduce makes the *other* ranks' C
+  watchdog raise a JIT event within the timeout, and the save registered
+  through ``jitckpt.interpose`` runs -- also while the main thread holds the
+  GIL inside a blocking CUDA call (the SIGUSR1 release), and when it enters
+  one after the event;
+* device-to-host copies issued by the save on the blocked default stream
+  complete and return the right bytes (save-time redirection);
+* each of those mechanisms is necessary: turned off, the save does not run.
+
+What only a GPU can confirm is listed in ``interpose/README.md``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EMULATOR = ROOT / "emulator"
+EMULATOR_BUILD = EMULATOR / "build"
+INTERPOSE = ROOT / "interpose"
+LIBRARY = INTERPOSE / "build" / "libjitckpt_interpose.so"
+PROGRAMS = Path(__file__).resolve().parent / "interpose_programs"
+CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+
+HANG_FAULT = "rank=1,op=ncclAllReduce,call=3,kind=hang"
+SAVED_EXIT = 75
+TIMEOUT = 2.0  # hang timeout of the hang tests, seconds
+MARGIN = 3.0  # how late after the timeout the save may start
+
+# Cleared for every run so the caller's environment cannot change a test's meaning.
+CLEARED_ENV = (
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    "JITCKPT_SIMDEV_DEVICES",
+    "JITCKPT_SIMDEV_MEMORY",
+    "JITCKPT_SIMDEV_KERNELS",
+    "JITCKPT_SIMDEV_FAULT",
+    "JITCKPT_SIMDEV_TRACE",
+    "JITCKPT_SIMDEV_NCCL_TIMEOUT",
+    "JITCKPT_SIMDEV_NCCL_CHUNK",
+    "JITCKPT_HANG_TIMEOUT",
+    "JITCKPT_INTERPOSE_POLL_MS",
+    "JITCKPT_INTERPOSE_GIL_RELEASE",
+    "JITCKPT_INTERPOSE_REDIRECT",
+    "JITCKPT_INTERPOSE_STATS",
+    "JITCKPT_ACTIVE",
+    "CUDA_VISIBLE_DEVICES",
+    "RANK",
+    "WORLD_SIZE",
+)
+
+
+def _nccl_wheel() -> Path | None:
+    spec = importlib.util.find_spec("nvidia.nccl")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    base = Path(list(spec.submodule_search_locations)[0])
+    return base if (base / "include" / "nccl.h").exists() else None
+
+
+def _real_cudart() -> Path | None:
+    for candidate in [CUDA_HOME / "lib64" / "libcudart.so.13", *CUDA_HOME.glob("targets/*/lib/libcudart.so.13")]:
+        if candidate.exists():
+            return candidate
+    return None
+
+
+NCCL_WHEEL = _nccl_wheel()
+REAL_CUDART = _real_cudart()
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA 13 toolkit) is not installed"),
+    pytest.mark.skipif(NCCL_WHEEL is None, reason="nccl.h not found: pip install nvidia-nccl-cu13"),
+    pytest.mark.skipif(REAL_CUDART is None, reason="the real libcudart.so.13 is not installed"),
+    pytest.mark.skipif(importlib.util.find_spec("cffi") is None, reason="cffi is not installed"),
+]
+
+
+# ---- building ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def emulator() -> Path:
+    proc = subprocess.run(["make", "-C", str(EMULATOR), "-j2"], capture_output=True, text=True)
+    assert proc.returncode == 0, f"make -C emulator failed:\n{proc.stdout}\n{proc.stderr}"
+    return EMULATOR_BUILD
+
+
+@pytest.fixture(scope="session")
+def library(emulator: Path) -> Path:
+    proc = subprocess.run(["make", "-C", str(INTERPOSE), "-j2"], capture_output=True, text=True)
+    assert proc.returncode == 0, f"make -C interpose failed:\n{proc.stdout}\n{proc.stderr}"
+    assert LIBRARY.exists()
+    return LIBRARY
+
+
+def _nvcc(out: Path, source: str, *flags: str) -> Path:
+    assert NCCL_WHEEL is not None
+    cmd = ["nvcc", "-cudart", "shared", "-std=c++17", "-o", str(out), str(PROGRAMS / source), *flags,
+           "-I", str(NCCL_WHEEL / "include"), "-L", str(NCCL_WHEEL / "lib"), "-l:libnccl.so.2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def programs(library: Path) -> dict[str, Path]:
+    """passthrough.cu built twice (default stream, per-thread default stream), cached by source hash."""
+    jobs = {"passthrough": ("passthrough.cu", ()),
+            "passthrough_ptds": ("passthrough.cu", ("--default-stream", "per-thread"))}
+    digest = hashlib.sha256()
+    for path in sorted(PROGRAMS.glob("*.cu")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(repr(sorted(jobs.items())).encode())
+    digest.update(subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.encode())
+    cache = INTERPOSE / "build" / "test-programs"
+    final = cache / digest.hexdigest()[:16]
+    if not (final / "complete").exists():
+        work = cache / f"{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            for fut in [pool.submit(_nvcc, work / name, src, *flags) for name, (src, flags) in jobs.items()]:
+                fut.result()
+        (work / "complete").touch()
+        try:
+            work.rename(final)
+        except OSError:  # another session got there first
+            shutil.rmtree(work, ignore_errors=True)
+        for stale in cache.iterdir():
+            if stale != final and ".tmp-" not in stale.name:
+                shutil.rmtree(stale, ignore_errors=True)
+    return {name: final / name for name in jobs}
+
+
+# ---- running -------------------------------------------------------------------
+
+
+def _env(extra: dict[str, str] | None = None, preload: bool = True) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    env["LD_LIBRARY_PATH"] = str(EMULATOR_BUILD)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    if preload:
+        env["LD_PRELOAD"] = str(LIBRARY)
+    env.update(extra or {})
+    return env
+
+
+def start_ranks(cmd: list[str], world: int, tmp_path: Path, env: dict[str, str] | None = None,
+                preload: bool = True) -> list[subprocess.Popen]:
+    """One process per rank (RANK/WORLD_SIZE); rank 0 publishes the ncclUniqueId in a file."""
+    id_file = tmp_path / f"nccl-id-{time.monotonic_ns()}"
+    procs = []
+    for rank in range(world):
+        extra = {"RANK": str(rank), "WORLD_SIZE": str(world), "JITCKPT_TEST_ID_FILE": str(id_file), **(env or {})}
+        procs.append(subprocess.Popen(cmd, env=_env(extra, preload), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[subprocess.CompletedProcess]:
+    """Waits for every rank; kills all of them if one is still running at the deadline."""
+    deadline = time.monotonic() + timeout
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(0.5, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return results
+
+
+def kill_at(procs: list[subprocess.Popen], deadline: float) -> list[subprocess.CompletedProcess]:
+    """Lets the ranks run until `deadline` (monotonic), then kills those still running."""
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    return [subprocess.CompletedProcess(p.args, p.wait(), *p.communicate()) for p in procs]
+
+
+def describe(results: list[subprocess.CompletedProcess]) -> str:
+    return "\n".join(f"--- rank {i}: exit {r.returncode}\n{r.stdout}\n{r.stderr}" for i, r in enumerate(results))
+
+
+def stats(stderr: str) -> dict[str, int]:
+    """The counters printed at exit with JITCKPT_INTERPOSE_STATS=1."""
+    found = re.findall(r"jitckpt-interpose\[\d+\]: stats (.*)", stderr)
+    assert found, stderr
+    return {k: int(v) for k, v in (item.split("=") for item in found[-1].split())}
+
+
+# ---- ELF facts -----------------------------------------------------------------
+
+
+def dyn_symbols(path: Path) -> list[tuple[str, str | None, bool]]:
+    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True, text=True, check=True).stdout
+    result = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 8 or not fields[0].rstrip(":").isdigit():
+            continue
+        name, ndx = fields[7], fields[6]
+        if not name or ndx == "ABS":
+            continue
+        base, _, version = name.partition("@")
+        result.append((base, version.lstrip("@") or None, ndx != "UND"))
+    return result
+
+
+def exports(path: Path) -> dict[str, str | None]:
+    return {name: version for name, version, defined in dyn_symbols(path) if defined}
+
+
+# ---- ABI -------------------------------------------------------------------------
+
+
+def test_exports_use_the_real_libraries_versions_and_names(library):
+    assert NCCL_WHEEL is not None and REAL_CUDART is not None
+    ours = exports(library)
+    real_cudart = exports(REAL_CUDART)
+    real_nccl = exports(NCCL_WHEEL / "lib" / "libnccl.so.2")
+    cuda = {n: v for n, v in ours.items() if n.startswith(("cuda", "__cuda"))}
+    nccl = {n: v for n, v in ours.items() if n.startswith("nccl")}
+    control = {n: v for n, v in ours.items() if n.startswith("jitckpt_interpose_")}
+    assert {"cudaEventRecord", "cudaStreamWaitEvent", "cudaMemcpy", "__cudaLaunchKernel",
+            "cudaEventRecord_ptsz"} <= set(cuda)
+    for name, version in cuda.items():
+        assert real_cudart.get(name) == version == "libcudart.so.13", (name, version, real_cudart.get(name))
+    assert {"ncclAllReduce", "ncclSend", "ncclRecv", "ncclBroadcast"} <= set(nccl)
+    for name, version in nccl.items():
+        assert version is None and name in real_nccl, (name, version)
+    assert control and all(v == "JITCKPT_INTERPOSE_1" for v in control.values())
+    assert set(ours) == set(cuda) | set(nccl) | set(control), set(ours) - set(cuda) - set(nccl) - set(control)
+    needed = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    for lib in ("libcudart", "libnccl", "libpython"):
+        assert lib not in needed, f"the library must find {lib} at run time, not link it"
+
+
+def test_wrapped_calls_bind_to_the_interposer_and_the_rest_to_the_runtime(programs, tmp_path):
+    # LD_BIND_NOW: every binding is made at start-up, before any thread could interleave its output.
+    env = {"LD_DEBUG": "bindings", "LD_BIND_NOW": "1", "ROUNDS": "1"}
+    [result] = finish(start_ranks([str(programs["passthrough"])], 1, tmp_path, env=env), 60)
+    assert result.returncode == 0, describe([result])
+
+    def bound(symbol: str) -> str:
+        found = re.findall(rf"^\s*\d+:\s+binding file \S*passthrough \[0\] to (\S+) \[0\]: "
+                           rf"normal symbol `{symbol}'(?: \[([^\]\s]+)\])?$", result.stderr, re.M)
+        assert found, f"no binding of {symbol} from the program"
+        lib, version = found[0]
+        return f"{Path(lib).name}@{version}" if version else Path(lib).name
+
+    assert bound("cudaEventRecord") == "libjitckpt_interpose.so@libcudart.so.13"
+    assert bound("cudaStreamWaitEvent") == "libjitckpt_interpose.so@libcudart.so.13"
+    assert bound("__cudaLaunchKernel") == "libjitckpt_interpose.so@libcudart.so.13"
+    assert bound("ncclAllReduce") == "libjitckpt_interpose.so"
+    assert bound("cudaMalloc") == "libcudart.so.13@libcudart.so.13"
+    assert bound("ncclCommInitRank") == "libnccl.so.2"
+
+
+# ---- passthrough -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("build", ["passthrough", "passthrough_ptds"])
+def test_passthrough_gives_identical_results_with_and_without_the_preload(programs, tmp_path, build):
+    cmd = [str(programs[build])]
+    plain = finish(start_ranks(cmd, 2, tmp_path, preload=False), 60)
+    assert all(r.returncode == 0 for r in plain), describe(plain)
+    # A short timeout: a healthy run must not raise a JIT event.
+    env = {"JITCKPT_INTERPOSE_STATS": "1", "JITCKPT_HANG_TIMEOUT": "1"}
+    interposed = finish(start_ranks(cmd, 2, tmp_path, env=env), 60)
+    assert all(r.returncode == 0 for r in interposed), describe(interposed)
+    for a, b in zip(plain, interposed):
+        assert "RESULT " in a.stdout and a.stdout == b.stdout
+        assert "jitckpt-interpose" not in a.stderr
+    for r in interposed:
+        counters = stats(r.stderr)
+        # The interposer really saw the calls: 6 rounds, two NCCL records and waits each.
+        assert counters["nccl_streams"] >= 1 and counters["nccl_records"] >= 12, counters
+        assert counters["watches"] >= 12 and counters["watchdog_started"] == 1, counters
+        assert counters["jit_events"] == 0 and counters["untracked"] == 0, counters
+
+
+def test_forwarding_finds_a_runtime_dlopened_with_rtld_local(library):
+    script = """
+import ctypes
+cudart = ctypes.CDLL("libcudart.so.13")          # RTLD_LOCAL: not in the global scope
+glob = ctypes.CDLL(None)                         # the global scope: only the interposer's wrappers
+assert not hasattr(glob, "cudaMalloc")
+vp = ctypes.c_void_p
+stream, event = vp(), vp()
+assert cudart.cudaStreamCreate(ctypes.byref(stream)) == 0
+assert cudart.cudaEventCreate(ctypes.byref(event)) == 0
+glob.cudaEventRecord.argtypes = [vp, vp]
+glob.cudaStreamSynchronize.argtypes = [vp]
+assert glob.cudaEventRecord(event, stream) == 0
+assert glob.cudaStreamSynchronize(stream) == 0
+cudart.cudaEventQuery.argtypes = [vp]
+assert cudart.cudaEventQuery(event) == 0
+print("OK rtld_local")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and "OK rtld_local" in proc.stdout, proc.stderr
+
+
+def test_malformed_settings_stop_the_program_with_a_clear_message(library):
+    for name, value in (("JITCKPT_HANG_TIMEOUT", "soon"), ("JITCKPT_HANG_TIMEOUT", "-1"),
+                        ("JITCKPT_INTERPOSE_POLL_MS", "0"), ("JITCKPT_INTERPOSE_REDIRECT", "yes")):
+        proc = subprocess.run([sys.executable, "-c", "print('ran')"], env=_env({name: value}),
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 2 and "ran" not in proc.stdout, (name, value, proc.stderr)
+        assert f"{name}={value} is not valid" in proc.stderr, proc.stderr
+
+
+def test_python_binding_is_inert_without_the_preload():
+    from jitckpt import interpose
+
+    assert not interpose.is_loaded()  # pytest itself runs without LD_PRELOAD
+    assert interpose.install(on_jit_event=lambda reason, detail: None) is False
+    assert interpose.in_flight_events() == []
+    assert interpose.timeout() is None
+    assert set(interpose.counters().values()) == {0}
+    interpose.save_in_progress(True)
+    interpose.set_timeout(5)
+    with pytest.raises(ValueError):
+        interpose.set_timeout(0)
+
+
+# ---- hang detection and the JIT save ------------------------------------------------
+
+
+def hang_ranks(mode: str, world: int, tmp_path: Path,
+               env: dict[str, str] | None = None) -> tuple[list[subprocess.Popen], Path]:
+    """hang_driver.py ranks with rank 1's third all-reduce hung; returns them and their output dir."""
+    out = tmp_path / f"out-{mode}"
+    out.mkdir()
+    extra = {"OUT_DIR": str(out), "JITCKPT_SIMDEV_FAULT": HANG_FAULT, "JITCKPT_HANG_TIMEOUT": str(TIMEOUT),
+             **(env or {})}
+    procs = start_ranks([sys.executable, str(PROGRAMS / "hang_driver.py"), mode], world, tmp_path, env=extra)
+    return procs, out
+
+
+def check_saved(results: list[subprocess.CompletedProcess], out: Path, rank: int, timeout: float = TIMEOUT) -> dict:
+    """The checks every healthy rank's JIT save must pass; returns its record."""
+    result = results[rank]
+    assert result.returncode == SAVED_EXIT, describe(results)
+    record = json.loads((out / f"save-rank{rank}.json").read_text())
+    assert record["reason"] == "cuda-hang"
+    assert "not complete after" in record["detail"] and f"NCCL stream {hex(record['nccl_stream'])}" in record["detail"]
+    # Within the timeout (the coarse clock may run a few ms behind) plus a margin.
+    assert timeout - 0.05 <= record["seconds_after_hang"] <= timeout + MARGIN, record
+    assert record["timeout"] == timeout
+    # The watch-list holds the hung all-reduce's event, recorded on the NCCL stream and
+    # waited for by the legacy default stream (handle 1).
+    assert any(e["recorded_on"] == record["nccl_stream"] and e["waited_by"] == 1 and e["age_seconds"] >= timeout - 0.05
+               for e in record["in_flight"]), record["in_flight"]
+    # The save's copies on the blocked default stream completed with the right bytes.
+    assert record["rc"] == [0, 0, 0], record
+    assert record["memcpy_ok"] and record["memcpy_async_ok"], record
+    counters = record["counters"]
+    assert counters["jit_events"] == 1 and counters["redirected_ops"] >= 3, counters
+    assert "JIT event: cudaEvent" in result.stderr
+    return record
+
+
+def test_hang_on_another_rank_fires_the_watchdog_and_the_save_runs(library, tmp_path):
+    procs, out = hang_ranks("release", 3, tmp_path)
+    results = finish(procs, 60)
+    assert "injecting fault kind=hang at ncclAllReduce call 3 (rank 1)" in results[1].stderr
+    for rank in (0, 2):  # the healthy ranks
+        record = check_saved(results, out, rank)
+        assert record["counters"]["gil_released"] == 0  # nothing held the GIL: ctypes.CDLL released it
+        assert "round 1 ok" in results[rank].stdout and "round 2 ok" not in results[rank].stdout
+
+
+def test_save_runs_while_the_main_thread_holds_the_gil_blocked_in_cuda(library, tmp_path):
+    # The timeout comes from set_timeout() this time; the environment says 10 minutes.
+    procs, out = hang_ranks("hold", 3, tmp_path, env={"JITCKPT_HANG_TIMEOUT": "600", "DRIVER_TIMEOUT": str(TIMEOUT)})
+    results = finish(procs, 60)
+    for rank in (0, 2):
+        counters = check_saved(results, out, rank)["counters"]
+        # The main thread was signalled inside cudaStreamSynchronize and its GIL released.
+        assert counters["signals_sent"] >= 1 and counters["gil_released"] == 1, counters
+
+
+def test_under_a_runtime_the_callback_triggers_it_and_its_save_thread_is_redirected(library, tmp_path):
+    """jitckpt.api.runtime() present: its trigger() runs, and saves on a Python thread of its own."""
+    procs, out = hang_ranks("runtime", 2, tmp_path)
+    results = finish(procs, 60)
+    record = check_saved(results, out, 0)
+    assert record["thread"] == "jitckpt-save"  # not the watchdog thread: whole-process redirection
+    assert record["counters"]["gil_released"] == 1
+
+
+def test_thread_that_blocks_with_the_gil_after_the_event_is_parked(library, tmp_path):
+    procs, out = hang_ranks("late", 2, tmp_path)
+    results = finish(procs, 60)
+    assert "save started, now blocking with the GIL" in results[0].stdout, describe(results)
+    counters = check_saved(results, out, 0)["counters"]
+    assert counters["threads_parked"] == 1 and counters["signals_sent"] == 0, counters
+
+
+def test_without_the_gil_release_a_thread_holding_the_gil_blocks_the_save(library, tmp_path):
+    """Negative control for the test above: the emulator hang really holds the GIL forever."""
+    procs, out = hang_ranks("hold", 2, tmp_path, env={"JITCKPT_INTERPOSE_GIL_RELEASE": "0"})
+    results = kill_at(procs, time.monotonic() + 8 + TIMEOUT + MARGIN)
+    assert "JIT event: cudaEvent" in results[0].stderr, describe(results)  # detected ...
+    assert not (out / "started-rank0").exists()  # ... but the Python save never got the GIL
+    assert results[0].returncode != SAVED_EXIT
+
+
+def test_without_redirection_the_saves_copy_waits_behind_the_hung_collective(library, tmp_path):
+    """Negative control for the copy checks: cudaMemcpy on the default stream deadlocks."""
+    procs, out = hang_ranks("release", 2, tmp_path, env={"JITCKPT_INTERPOSE_REDIRECT": "0"})
+    results = kill_at(procs, time.monotonic() + 8 + TIMEOUT + MARGIN)
+    assert (out / "started-rank0").exists(), describe(results)
+    assert not (out / "save-rank0.json").exists()
+    assert results[0].returncode != SAVED_EXIT
