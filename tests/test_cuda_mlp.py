@@ -38,9 +38,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-EMULATOR = ROOT / "emulator"
-EMULATOR_BUILD = EMULATOR / "build"
+from native_toolchain import EMULATOR, EMULATOR_BUILD, EMULATOR_ENV, ROOT
+
 EXAMPLE = ROOT / "examples" / "cuda_mlp"
 BINARY = EXAMPLE / "build" / "mlp"
 TWINS_LIB = EXAMPLE / "build" / "libmlp_twins.so"
@@ -48,14 +47,7 @@ TWINS_LIB = EXAMPLE / "build" / "libmlp_twins.so"
 # Cleared for every run, so that the caller's environment cannot change a
 # test's meaning (emulator settings, and a torchrun environment around pytest).
 CLEARED_ENV = (
-    "JITCKPT_SIMDEV_DEVICES",
-    "JITCKPT_SIMDEV_MEMORY",
-    "JITCKPT_SIMDEV_KERNELS",
-    "JITCKPT_SIMDEV_FAULT",
-    "JITCKPT_SIMDEV_TRACE",
-    "JITCKPT_SIMDEV_NCCL_TIMEOUT",
-    "JITCKPT_SIMDEV_NCCL_CHUNK",
-    "CUDA_VISIBLE_DEVICES",
+    *EMULATOR_ENV,
     "LD_LIBRARY_PATH",
     "RANK",
     "WORLD_SIZE",

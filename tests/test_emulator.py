@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
@@ -27,26 +26,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-EMULATOR = ROOT / "emulator"
+from native_toolchain import CUDA_HOME, EMULATOR, EMULATOR_ENV, NCCL_WHEEL, REAL_CUDART, REQUIRES_CUDA_TOOLCHAIN, build_emulator
+
 BUILD = EMULATOR / "build"
 PROGRAMS = Path(__file__).resolve().parent / "emulator_programs"
-CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 # Environment variables of the emulator; cleared for every run so that the
 # caller's environment cannot change a test's meaning.
-EMULATOR_ENV = (
-    "JITCKPT_SIMDEV_DEVICES",
-    "JITCKPT_SIMDEV_MEMORY",
-    "JITCKPT_SIMDEV_KERNELS",
-    "JITCKPT_SIMDEV_FAULT",
-    "JITCKPT_SIMDEV_TRACE",
-    "JITCKPT_SIMDEV_NCCL_TIMEOUT",
-    "JITCKPT_SIMDEV_NCCL_CHUNK",
-    "CUDA_VISIBLE_DEVICES",
-    "RANK",
-    "WORLD_SIZE",
-)
+EMULATOR_ENV = (*EMULATOR_ENV, "RANK", "WORLD_SIZE")
 
 # Hidden entry points that nvcc 13 (-cudart shared) emits into a program with
 # kernels and __device__ variables (verified with nm -D; see the README).
@@ -64,29 +51,7 @@ NVCC13_HIDDEN = {
 }
 
 
-def _nccl_wheel() -> Path | None:
-    spec = importlib.util.find_spec("nvidia.nccl")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    base = Path(list(spec.submodule_search_locations)[0])
-    return base if (base / "include" / "nccl.h").exists() else None
-
-
-def _real_cudart() -> Path | None:
-    for candidate in [CUDA_HOME / "lib64" / "libcudart.so.13", *CUDA_HOME.glob("targets/*/lib/libcudart.so.13")]:
-        if candidate.exists():
-            return candidate
-    return None
-
-
-NCCL_WHEEL = _nccl_wheel()
-REAL_CUDART = _real_cudart()
-
-pytestmark = [
-    pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA 13 toolkit) is not installed"),
-    pytest.mark.skipif(NCCL_WHEEL is None, reason="nccl.h not found: pip install nvidia-nccl-cu13"),
-    pytest.mark.skipif(REAL_CUDART is None, reason="the real libcudart.so.13 is not installed"),
-]
+pytestmark = REQUIRES_CUDA_TOOLCHAIN
 
 
 # ---- building ------------------------------------------------------------------
@@ -95,8 +60,7 @@ pytestmark = [
 @pytest.fixture(scope="session")
 def emulator() -> Path:
     """Builds emulator/build/{libcudart.so.13,libnccl.so.2} once per session."""
-    proc = subprocess.run(["make", "-C", str(EMULATOR), "-j2"], capture_output=True, text=True)
-    assert proc.returncode == 0, f"make -C emulator failed:\n{proc.stdout}\n{proc.stderr}"
+    build_emulator()
     for lib in ("libcudart.so.13", "libnccl.so.2"):
         assert (BUILD / lib).exists()
     return BUILD

@@ -37,13 +37,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-EMULATOR = ROOT / "emulator"
-EMULATOR_BUILD = EMULATOR / "build"
+from native_toolchain import EMULATOR_BUILD, EMULATOR_ENV, NCCL_WHEEL, REAL_CUDART, REQUIRES_CUDA_TOOLCHAIN, ROOT, build_emulator
+
 INTERPOSE = ROOT / "interpose"
 LIBRARY = INTERPOSE / "build" / "libjitckpt_interpose.so"
 PROGRAMS = Path(__file__).resolve().parent / "interpose_programs"
-CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 HANG_FAULT = "rank=1,op=ncclAllReduce,call=3,kind=hang"
 SAVED_EXIT = 75
@@ -54,47 +52,20 @@ MARGIN = 3.0  # how late after the timeout the save may start
 CLEARED_ENV = (
     "LD_PRELOAD",
     "LD_LIBRARY_PATH",
-    "JITCKPT_SIMDEV_DEVICES",
-    "JITCKPT_SIMDEV_MEMORY",
-    "JITCKPT_SIMDEV_KERNELS",
-    "JITCKPT_SIMDEV_FAULT",
-    "JITCKPT_SIMDEV_TRACE",
-    "JITCKPT_SIMDEV_NCCL_TIMEOUT",
-    "JITCKPT_SIMDEV_NCCL_CHUNK",
+    *EMULATOR_ENV,
     "JITCKPT_HANG_TIMEOUT",
     "JITCKPT_INTERPOSE_POLL_MS",
     "JITCKPT_INTERPOSE_GIL_RELEASE",
     "JITCKPT_INTERPOSE_REDIRECT",
     "JITCKPT_INTERPOSE_STATS",
     "JITCKPT_ACTIVE",
-    "CUDA_VISIBLE_DEVICES",
     "RANK",
     "WORLD_SIZE",
 )
 
 
-def _nccl_wheel() -> Path | None:
-    spec = importlib.util.find_spec("nvidia.nccl")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    base = Path(list(spec.submodule_search_locations)[0])
-    return base if (base / "include" / "nccl.h").exists() else None
-
-
-def _real_cudart() -> Path | None:
-    for candidate in [CUDA_HOME / "lib64" / "libcudart.so.13", *CUDA_HOME.glob("targets/*/lib/libcudart.so.13")]:
-        if candidate.exists():
-            return candidate
-    return None
-
-
-NCCL_WHEEL = _nccl_wheel()
-REAL_CUDART = _real_cudart()
-
 pytestmark = [
-    pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA 13 toolkit) is not installed"),
-    pytest.mark.skipif(NCCL_WHEEL is None, reason="nccl.h not found: pip install nvidia-nccl-cu13"),
-    pytest.mark.skipif(REAL_CUDART is None, reason="the real libcudart.so.13 is not installed"),
+    *REQUIRES_CUDA_TOOLCHAIN,
     pytest.mark.skipif(importlib.util.find_spec("cffi") is None, reason="cffi is not installed"),
 ]
 
@@ -104,9 +75,7 @@ pytestmark = [
 
 @pytest.fixture(scope="session")
 def emulator() -> Path:
-    proc = subprocess.run(["make", "-C", str(EMULATOR), "-j2"], capture_output=True, text=True)
-    assert proc.returncode == 0, f"make -C emulator failed:\n{proc.stdout}\n{proc.stderr}"
-    return EMULATOR_BUILD
+    return build_emulator()
 
 
 @pytest.fixture(scope="session")
