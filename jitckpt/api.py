@@ -18,7 +18,7 @@ import os
 import warnings
 from typing import Any, Callable
 
-from jitckpt import checkpoint_store, config
+from jitckpt import config
 
 _runtime = None
 _checkpoint_lookup_done = False

@@ -165,8 +165,11 @@ class PendingSave:
         """
         files = {}
         for file in _data_files(self.path):
-            with open(file, "rb+") as f:
-                os.fsync(f.fileno())
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             files[str(file.relative_to(self.path))] = {"size": file.stat().st_size, "sha256": _sha256(file)}
         if not files:
             raise CheckpointError(
@@ -362,18 +365,34 @@ def _prefer_own(paths: list[Path], rank: int) -> list[Path]:
     return own + [p for p in paths if p.name != rank_dir_name(rank)]
 
 
-def prune(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` steps that hold at least one verified replica.
+def is_complete(root: Path, step: int) -> bool:
+    """True if every model shard of ``step`` has a replica with intact metadata and file sizes."""
+    shards: dict[tuple[int, int], int] = {}
+    layout = None
+    for rank_path in _rank_dirs(step_dir(root, step)):
+        info = verify(rank_path, check_content=False)
+        if info is None:
+            continue
+        layout = (info.coords.pp_size, info.coords.tp_size)
+        shards[info.coords.shard] = shards.get(info.coords.shard, 0) + 1
+    if layout is None:
+        return False
+    return all((p, t) in shards for p in range(layout[0]) for t in range(layout[1]))
 
-    Steps newer than the oldest kept good step are never touched, so a newer
-    good checkpoint can never be lost to pruning.  Returns removed directories.
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all steps older than the ``keep`` newest complete ones (every shard covered).
+
+    Steps newer than the oldest kept complete step are never touched, so
+    neither a newer good checkpoint nor one that may still be needed is lost.
+    Returns the removed directories.
     """
     if keep < 1:
         raise ValueError("keep must be >= 1")
-    good = [s for s in list_steps(root) if any(verify(p, check_content=False) for p in _rank_dirs(step_dir(root, s)))]
-    if len(good) <= keep:
+    complete = [s for s in list_steps(root) if is_complete(root, s)]
+    if len(complete) <= keep:
         return []
-    oldest_kept = good[keep - 1]
+    oldest_kept = complete[keep - 1]
     removed = []
     for step in list_steps(root):
         if step < oldest_kept:

@@ -40,6 +40,11 @@ def note_forward(ddp: Any) -> None:
     """
     if getattr(ddp, "_jitckpt_layout", None) is not None:
         return
+    probes = getattr(ddp, "_jitckpt_layout_probes", 0) + 1
+    ddp._jitckpt_layout_probes = probes
+    if probes > 8:  # DDP rebuilds after its first iteration or never (find_unused_parameters)
+        ddp._jitckpt_layout = {"rebuilt": False, "ready_order": []}
+        return
     data = ddp._get_ddp_logging_data()
     if data.get("has_rebuilt_buckets", 0):
         order_text = str(data.get("prev_iteration_grad_ready_order_indices", ""))

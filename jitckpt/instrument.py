@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from typing import Any, Callable
 
@@ -102,7 +103,16 @@ def _patch_collectives(runtime: JitRuntime) -> None:
         setattr(dist, name, _tracked_collective(runtime, name, original))
 
 
+def _coalescing() -> bool:
+    """True inside `torch.distributed._coalescing_manager`, whose collectives return placeholder work."""
+    from torch.distributed import distributed_c10d
+
+    return bool(getattr(distributed_c10d._world, "pg_coalesce_state", None))
+
+
 def _tracked_collective(runtime: JitRuntime, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if in_jit_save():
@@ -111,8 +121,15 @@ def _tracked_collective(runtime: JitRuntime, name: str, original: Callable[..., 
                 f"peers may be dead, so save(path) must not use collectives (drop barriers and gathers)"
             )
         runtime.collective_entry(name)
-        caller_wants_async = bool(kwargs.pop("async_op", False))
-        work = original(*args, async_op=True, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)  # let torch report the bad call
+        if _coalescing() or "async_op" not in signature.parameters:
+            return original(*args, **kwargs)
+        caller_wants_async = bool(bound.arguments.get("async_op", False))
+        bound.arguments["async_op"] = True
+        work = original(*bound.args, **bound.kwargs)
         if work is None:  # this rank is not a member of the group
             return None
         token = runtime.track(f"torch.distributed.{name}")
@@ -158,7 +175,9 @@ def _patch_ddp(runtime: JitRuntime) -> None:
         runtime.collective_entry("ddp-allreduce")
         group = state if state is not None else dist.group.WORLD
         tensor = bucket.buffer()
-        tensor.div_(dist.get_world_size(group))
+        # DDP's reducer scales by the reciprocal (mul by 1/world size); do exactly the
+        # same so results match plain DDP bit for bit for any world size.
+        tensor.mul_(1.0 / dist.get_world_size(group))
         what = f"DDP gradient all-reduce (bucket {bucket.index()})"
         token = runtime.track(what)
         fut = original_all_reduce(tensor, group=group, async_op=True).get_future()
@@ -181,10 +200,20 @@ def _patch_ddp(runtime: JitRuntime) -> None:
 
     jit_allreduce_hook._jitckpt_tracked = True  # type: ignore[attr-defined]
 
+    original_builtin = DDP._register_builtin_comm_hook
+
+    def register_builtin_comm_hook(self: DDP, comm_hook_type: Any) -> None:
+        # A C++ built-in hook cannot be wrapped: its collectives are watched only
+        # through SIGTERM and the stack check, not the hang timeout.
+        self._jitckpt_hooked = True
+        return original_builtin(self, comm_hook_type)
+
     def forward(self: DDP, *inputs: Any, **kwargs: Any) -> Any:
         if not getattr(self, "_jitckpt_hooked", False):
             self._jitckpt_hooked = True
-            original_register(self, self.process_group, jit_allreduce_hook)
+            in_backward_optimizers = any(hasattr(p, "_in_backward_optimizers") for p in self.module.parameters())
+            if not getattr(self, "_comm_hooks", None) and not in_backward_optimizers:
+                original_register(self, self.process_group, jit_allreduce_hook)
         if runtime.phase != "optimizer":
             runtime.phase = "forward"
         ddp_layout.note_forward(self)
@@ -192,6 +221,7 @@ def _patch_ddp(runtime: JitRuntime) -> None:
 
     DDP.forward = forward
     DDP.register_comm_hook = register_comm_hook
+    DDP._register_builtin_comm_hook = register_builtin_comm_hook
     DDP._jitckpt_patched = True
 
 

@@ -145,7 +145,13 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         except emulator.EmulatorMissing as exc:
             raise UsageError(str(exc)) from None
     if args.interpose == "on" or (args.interpose == "auto" and (args.emulated_gpus or Path("/dev/nvidiactl").exists())):
-        env = _with_interposer(env)
+        try:
+            env = _with_interposer(env)
+        except UsageError as exc:
+            if args.interpose == "on":
+                raise
+            say(f"warning: running without the CUDA/NCCL interposition library ({exc}); "
+                f"the Python watchdog stays in charge")
     return [sys.executable, "-m", "jitckpt.agent", *torchrun_args], env, run_dir
 
 
@@ -155,7 +161,10 @@ def _with_interposer(env: dict[str, str]) -> dict[str, str]:
 
     library = interpose.library_path()
     if not library.is_file():
-        result = subprocess.run(["make", "-s", "-C", str(library.parent.parent), "-j2"], capture_output=True, text=True)
+        try:
+            result = subprocess.run(["make", "-s", "-C", str(library.parent.parent), "-j2"], capture_output=True, text=True)
+        except OSError as exc:
+            raise UsageError(f"the interposition library {library} is not built and make cannot run ({exc})") from None
         if result.returncode != 0 or not library.is_file():
             raise UsageError(
                 f"the interposition library {library} is not built and `make -C interpose` failed "
@@ -177,7 +186,11 @@ def main(argv: list[str]) -> int:
         if not args.command:
             say("no command given")
             return 2
-        return subprocess.call(args.command)  # admin switch: plain pass-through
+        try:
+            return subprocess.call(args.command)  # admin switch: plain pass-through
+        except OSError as exc:
+            say(f"error: cannot run {args.command[0]!r}: {exc.strerror or exc}")
+            return 127
     args = build_parser().parse_args(argv)
     try:
         agent_cmd, env, run_dir = prepare(args)

@@ -21,14 +21,14 @@ def _of(events: list[dict], kind: str, attempt: int | None = None) -> list[dict]
     return [e for e in events if e["event"] == kind and (attempt is None or e.get("attempt") == attempt)]
 
 
-def _failure_record(events: list[dict], attempt: int, agent_failures: list[dict]) -> dict[str, Any]:
+def _failure_record(events: list[dict], attempt: int, agent_failures: list[dict], window: tuple[float, float]) -> dict[str, Any]:
     injected = _of(events, "fault_injected")
     injected = [e for e in injected if _attempt_of_pid(events, e["pid"]) == attempt]
     detections = _of(events, "jit_detected", attempt)
     saves = _of(events, "jit_saved", attempt)
     save_failures = _of(events, "jit_save_failed", attempt)
     real_failures = [f for f in agent_failures if f.get("exitcode") not in (config.JIT_SAVED_EXIT_CODE, config.JIT_SAVE_FAILED_EXIT_CODE)]
-    frozen = [e for e in events if e["event"] == "worker_frozen_killed" and e["time"] >= min([d["time"] for d in detections], default=0)]
+    frozen = [e for e in events if e["event"] == "worker_frozen_killed" and window[0] <= e["time"] <= window[1]]
 
     what: list[str] = []
     for e in injected:
@@ -110,8 +110,9 @@ def build(events: list[dict], exit_code: int, command: list[str]) -> dict[str, A
             continue
         starts = [e["time"] for e in _of(events, "worker_start", attempt)]
         window_end = min((e["time"] for e in _of(events, "worker_start", attempt + 1)), default=float("inf"))
-        in_window = [f for f in agent_failures if starts and min(starts) <= f["time"] <= window_end]
-        failures.append(_failure_record(events, attempt, in_window))
+        window = (min(starts, default=0.0), window_end)
+        in_window = [f for f in agent_failures if window[0] <= f["time"] <= window[1]]
+        failures.append(_failure_record(events, attempt, in_window, window))
 
     exits = [e for e in _of(events, "worker_exit") if e.get("mean_minibatch_seconds")]
     minibatch = statistics.fmean(e["mean_minibatch_seconds"] for e in exits) if exits else None

@@ -82,6 +82,7 @@ class JitRuntime:
         self._step_seconds_total = 0.0
         self._steps_timed = 0
         self._first_step_after_start = True
+        self.training_started = False  # set at this attempt's first collective or optimizer step
         self._located = False
         self._checkpoint: checkpoint_store.CheckpointInfo | None = None
 
@@ -100,9 +101,11 @@ class JitRuntime:
         """Called before every optimizer.step(): a safe point, then the optimizer phase."""
         if self._is_primary(optimizer):
             self.park_if_requested()
+            self.training_started = True
             self.phase = "optimizer"
-            # If this rank dies inside the step, the replicas save step+1; keep the
-            # RNG state that minibatch step+1 starts with (the optimizer draws none).
+            # Stash the RNG state minibatch step+1 starts with now, before the step:
+            # if this rank dies inside it, the replicas save step+1 (the optimizer
+            # and scheduler draw no random numbers, so this is that state).
             self._stash_rng(self.step + 1)
             self.injector.maybe_fire("optimizer", self.step)
 
@@ -112,7 +115,7 @@ class JitRuntime:
             return
         self.step += 1
         self.phase = "forward"
-        self._stash_rng(self.step)
+        # (the pre-step hook already stashed the RNG state this minibatch starts with)
         now = time.monotonic()
         if not self._first_step_after_start:
             self._step_seconds_total += now - self._step_started
@@ -140,6 +143,7 @@ class JitRuntime:
     def collective_entry(self, what: str) -> None:
         """A collective is about to be issued by the training thread: a safe point."""
         self.park_if_requested()
+        self.training_started = True
         if self.phase != "optimizer":
             self.phase = "allreduce"
         self.injector.maybe_fire("allreduce", self.step)
@@ -163,8 +167,10 @@ class JitRuntime:
         if error is not None:
             self.trigger("peer-error", f"{what} failed: {short_error(error)}")
             self.park_forever()
-        self.untrack(token)
+        # Park before untracking: the collective then still counts as in flight,
+        # which tells the save thread that this step cannot reach the optimizer.
         self.park_if_requested()
+        self.untrack(token)
 
     # ----- parking --------------------------------------------------------------------
 
@@ -179,14 +185,17 @@ class JitRuntime:
         threading.Event().wait()
 
     def main_thread_in_collective(self) -> bool:
-        """True if the training thread is blocked inside torch.distributed / DDP code."""
+        """True if the training thread is, right now, inside a torch.distributed / DDP function.
+
+        Only the innermost Python frame counts: a thread blocked in a collective's
+        C++ wait has a torch.distributed function on top, while a thread running
+        the model's forward under DDP has the model's code on top.
+        """
         frame = sys._current_frames().get(self.main_thread.ident)
-        while frame is not None:
-            filename = frame.f_code.co_filename.replace("\\", "/")
-            if "/torch/distributed/" in filename or filename.endswith("/torch/nn/parallel/distributed.py"):
-                return True
-            frame = frame.f_back
-        return False
+        if frame is None:
+            return False
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        return "/torch/distributed/" in filename or filename.endswith("/torch/nn/parallel/distributed.py")
 
     def _safe_to_save(self, reason: str) -> bool:
         if self.main_parked.is_set():
@@ -238,10 +247,11 @@ class JitRuntime:
         return True
 
     def _save_and_exit(self, reason: str, detail: str) -> None:
-        deadline = time.monotonic() + self.save_grace
+        # Half the grace period at most: the save itself must still fit before torchrun's SIGKILL.
+        deadline = time.monotonic() + self.save_grace / 2
         while not self._safe_to_save(reason):
             if time.monotonic() > deadline:
-                log(f"no safe point reached within {self.save_grace:.0f}s (phase {self.phase}); exiting without a save")
+                log(f"no safe point reached within {self.save_grace / 2:.0f}s (phase {self.phase}); exiting without a save")
                 events.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error="no safe point reached")
                 os._exit(config.JIT_SAVE_FAILED_EXIT_CODE)
             time.sleep(0.01)
@@ -250,6 +260,11 @@ class JitRuntime:
 
     def save_now(self, reason: str, detail: str) -> int:
         """Run the user's save into a pending rank directory and commit it; returns the exit code."""
+        if self.resumed_from is not None and not self.training_started:
+            log(f"JIT event before this attempt resumed training: the checkpoint of minibatch {self.resumed_from} "
+                f"it was loading from is still the newest; nothing new to save")
+            events.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error="training had not resumed yet")
+            return config.JIT_SAVE_FAILED_EXIT_CODE
         if self.save_fn is None:
             log("JIT event but no save function registered (call jitckpt.register_save_checkpoint); nothing saved")
             events.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error="no save function registered")

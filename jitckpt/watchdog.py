@@ -24,6 +24,16 @@ import time
 from jitckpt.runtime import JitRuntime
 
 
+def _forget_in_child() -> None:
+    """A forked child (DataLoader worker, multiprocessing pool) is not a training rank:
+    SIGTERM must end it as usual and must not wake the parent's watchdog."""
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # forked from a non-main thread: handlers are not ours to change
+        pass
+
+
 class CollectiveWatchdog:
     """Background thread: hang timeouts and SIGTERM become JIT events."""
 
@@ -44,6 +54,7 @@ class CollectiveWatchdog:
 
             signal.signal(signal.SIGTERM, on_sigterm)
             signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+            os.register_at_fork(after_in_child=_forget_in_child)
         self._thread.start()
 
     def _run(self) -> None:

@@ -170,3 +170,13 @@ def test_unwritable_directory_is_reported_with_the_fix(tmp_path):
         ro.mkdir(mode=0o555)
         with pytest.raises(CheckpointError):
             store.check_writable(ro)
+
+
+def test_prune_never_removes_the_newest_complete_step(tmp_path):
+    save(tmp_path, 20, 0, tp=2)
+    save(tmp_path, 20, 1, tp=2)
+    for step in (28, 29, 30):  # newer steps that cover only tensor shard 0
+        save(tmp_path, step, 0, tp=2)
+    assert store.prune(tmp_path, keep=3) == []
+    info, _ = find(tmp_path, rank=1, tp=2)
+    assert info.step == 20
