@@ -200,6 +200,10 @@ def main(argv: list[str]) -> int:
     root = Path(env[config.ENV_CHECKPOINT_DIR])
     for removed in checkpoint_store.prune(root, args.keep):
         say(f"pruned old checkpoint {removed}")
+    existing = next((step for step in checkpoint_store.list_steps(root) if checkpoint_store.is_complete(root, step)), None)
+    if existing is not None:
+        say(f"{root} already holds a complete checkpoint of minibatch {existing}: this job resumes from it. "
+            f"For a new job, pass a fresh --checkpoint-dir")
     torchrun_args = agent_cmd[3:]
     say(f"checkpoint dir {root}, hang timeout {float(args.hang_timeout):g}s, save grace {float(args.save_grace):g}s")
     if args.fault:

@@ -32,6 +32,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path,
     assert second.returncode == 0, second.output[-4000:]
     assert "fails its SHA-256 checksum" in second.output
     assert "resuming from minibatch 8" in second.output
+    assert "already holds a complete checkpoint of minibatch 18" in second.output  # jit-run says it resumes
     assert second.sha == fault_free_sha
     assert (ckpt / "step-00000018").is_dir(), "the corrupt checkpoint must be left for inspection"
 
