@@ -2,8 +2,8 @@
 
 jit-run builds on torchrun rather than beside it: rendezvous (c10d, etcd),
 ``--max-restarts``, multi-node membership and node exclusion all stay
-torchrun's.  This module runs ``torch.distributed.run.main`` with three small
-patches to its ``LocalElasticAgent``:
+torchrun's.  This module runs ``torch.distributed.run.main`` with four small
+patches to its ``LocalElasticAgent`` and process context:
 
 1. **Grace period.**  When one worker exits, the agent tears down all local
    workers (SIGTERM, then SIGKILL after a timeout).  Healthy workers turn that
@@ -13,6 +13,12 @@ patches to its ``LocalElasticAgent``:
    holding the teardown for the whole grace period.
 3. **Events.**  Worker failures and restarts are written to the job's event
    log for the recovery report.
+4. **Crashes after a finished script.**  A worker whose training script
+   ended successfully (recorded by jitckpt.shutdown at exit) and that then
+   dies from a signal during interpreter teardown has finished its work.
+   torchrun would count it as a failure, SIGTERM the other workers and redo
+   the job from the last JIT checkpoint; the agent counts it as finished
+   instead, and the report lists it.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ def _process_state(pid: int) -> str:
 
 
 def patch_agent() -> None:
-    """Install the three patches on torchrun's LocalElasticAgent."""
+    """Install the four patches on torchrun's LocalElasticAgent and its process context."""
     from torch.distributed.elastic.agent.server import api as agent_api
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -77,9 +83,42 @@ def patch_agent() -> None:
         original_restart(self, worker_group)
         events.record("restart_done")
 
+    _forgive_crashes_after_finished_scripts()
     LocalElasticAgent._shutdown = shutdown
     LocalElasticAgent._monitor_workers = monitor
     agent_api.SimpleElasticAgent._restart_workers = restart
+
+
+def _forgive_crashes_after_finished_scripts() -> None:
+    """Patch 4: a signal death after the script succeeded is not a worker failure."""
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+    original_capture = SubprocessContext._capture_process_failures
+    if getattr(original_capture, "_jitckpt_patched", False):
+        return
+
+    def capture_process_failures(self: Any, done_local_ranks: set[int]) -> None:
+        original_capture(self, done_local_ranks)
+        run_dir = os.environ.get(config.ENV_RUN_DIR)
+        if not run_dir:
+            return
+        finished = {
+            local_rank: events.successful_exit(run_dir, failure.pid) if failure.exitcode < 0 else None
+            for local_rank, failure in self._failures.items()
+        }
+        if not finished or None in finished.values():
+            return  # a real failure: the others' exits (e.g. torchrun's SIGTERM) are bookkeeping, not crashes
+        for local_rank, worker_exit in finished.items():
+            failure = self._failures.pop(local_rank)
+            rank = worker_exit.get("rank")
+            events.record("worker_crashed_after_finishing", rank=rank, attempt=worker_exit.get("attempt"),
+                          worker_pid=failure.pid, signal=-failure.exitcode)
+            print(f"[jit-run] worker pid {failure.pid} (local rank {local_rank}, rank {rank}) finished its script, then died "
+                  f"from signal {-failure.exitcode} during interpreter shutdown; counted as finished, not as a failure",
+                  file=sys.stderr, flush=True)
+
+    capture_process_failures._jitckpt_patched = True  # type: ignore[attr-defined]
+    SubprocessContext._capture_process_failures = capture_process_failures
 
 
 def main(argv: list[str]) -> int:

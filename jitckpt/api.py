@@ -18,7 +18,7 @@ import os
 import warnings
 from typing import Any, Callable
 
-from jitckpt import config
+from jitckpt import config, shutdown
 
 _runtime = None
 _checkpoint_lookup_done = False
@@ -56,10 +56,24 @@ def runtime() -> Any:
         # for the same rank (they would overwrite its RNG stash).
         os.environ[config.ENV_ACTIVE] = config.ACTIVE_CLAIMED
         instrument.install(_runtime)
-        CollectiveWatchdog(_runtime).start()
+        watchdog = CollectiveWatchdog(_runtime)
+        watchdog.start()
         _connect_interposer()
-        atexit.register(_runtime.record_exit)
+        shutdown.install()
+        atexit.register(_at_script_end, _runtime, watchdog)
     return _runtime
+
+
+def _at_script_end(rt: Any, watchdog: Any) -> None:
+    """atexit: the training script is over.  Record how it ended and step aside before interpreter teardown."""
+    if rt.jit_event_started():
+        rt.park_forever()  # the save thread commits the checkpoint and ends the process
+    rt.record_exit()
+    # Nothing is left to save.  Dropping the save function also lets the
+    # script's globals (which it usually closes over) be finalised as usual.
+    rt.save_fn = None
+    watchdog.stop()
+    shutdown.hand_over_to_backend_threads()
 
 
 def _connect_interposer() -> None:

@@ -57,3 +57,17 @@ def read_all(run_dir: str | os.PathLike) -> list[dict]:
             except ValueError:
                 continue
     return sorted(events, key=lambda e: e.get("time", 0.0))
+
+
+
+def successful_exit(run_dir: str | os.PathLike, pid: int) -> dict | None:
+    """Worker ``pid``'s ``worker_exit`` event if it recorded that its script ended successfully, else None."""
+    for file in (Path(run_dir) / "events").glob(f"{pid}-*.jsonl"):
+        for line in file.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "worker_exit" and event.get("script_succeeded"):
+                return event
+    return None

@@ -132,6 +132,10 @@ def build(events: list[dict], exit_code: int, command: list[str]) -> dict[str, A
         "restarts": max(0, len(attempts) - 1),
         "final_minibatch": max(final_steps) if final_steps else None,
         "failures": failures,
+        "crashes_after_finishing": [
+            {"rank": e.get("rank"), "attempt": e.get("attempt"), "signal": e.get("signal")}
+            for e in _of(events, "worker_crashed_after_finishing")
+        ],
         "summary": {
             "failures": len(failures),
             "minibatches_redone": sum(f["minibatches_redone"] or 0 for f in failures),
@@ -169,6 +173,9 @@ def render(report: dict[str, Any]) -> str:
             f"restart {_fmt(f['restart_seconds'])}, resume {_fmt(f['resume_seconds'])}; "
             f"resumed from {resumed}, minibatches redone: {_fmt(f['minibatches_redone'])}"
         )
+    for c in report.get("crashes_after_finishing", []):
+        lines.append(f"note: rank {c['rank']} finished its script in attempt {c['attempt']}, then died from signal "
+                     f"{c['signal']} during interpreter shutdown; counted as finished (not restarted)")
     s = report["summary"]
     lines.append(f"summary: {s['failures']} failure(s), {s['minibatches_redone']} minibatch(es) redone, "
                  f"checkpoint cost {_fmt(s['checkpoint_cost_seconds'])}, restore cost {_fmt(s['restore_cost_seconds'])}, "

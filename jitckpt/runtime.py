@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from jitckpt import checkpoint_store, config, ddp_layout, events, faults, rng_state
+from jitckpt import checkpoint_store, config, ddp_layout, events, faults, rng_state, shutdown
 
 SaveFunction = Callable[[str], Any]
 
@@ -368,8 +368,21 @@ class JitRuntime:
         self._stash_rng(self.step)
         events.record("fresh_start", rank=self.rank, attempt=self.attempt)
 
+    def jit_event_started(self) -> bool:
+        """True once a JIT event has been raised in this process (its save thread then ends the process)."""
+        with self._lock:
+            return self._jit_started
+
     def record_exit(self) -> None:
-        events.record("worker_exit", rank=self.rank, attempt=self.attempt, step=self.step, mean_minibatch_seconds=self.mean_minibatch_seconds())
+        """Record how this worker's script ended (see jitckpt.shutdown)."""
+        events.record(
+            "worker_exit",
+            rank=self.rank,
+            attempt=self.attempt,
+            step=self.step,
+            mean_minibatch_seconds=self.mean_minibatch_seconds(),
+            script_succeeded=shutdown.script_succeeded(),
+        )
 
 
 class _SaveFlag(threading.local):

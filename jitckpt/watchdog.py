@@ -44,6 +44,10 @@ class CollectiveWatchdog:
         self._reader.setblocking(False)
         self._writer.setblocking(False)
         self._thread = threading.Thread(target=self._run, name="jitckpt-watchdog", daemon=True)
+        self._owns_sigterm = False
+        self._previous_sigterm: object = signal.SIG_DFL
+        self._previous_wakeup_fd = -1
+        self._stopping = False
 
     def start(self) -> None:
         """Install the SIGTERM hook (main thread only) and start polling."""
@@ -52,15 +56,33 @@ class CollectiveWatchdog:
             def on_sigterm(signum: int, frame: object) -> None:
                 """Nothing to do here: the watchdog thread acts on the wake-up byte."""
 
-            signal.signal(signal.SIGTERM, on_sigterm)
-            signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+            self._previous_wakeup_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
             os.register_at_fork(after_in_child=_forget_in_child)
+            self._owns_sigterm = True
         self._thread.start()
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Give SIGTERM back to its previous handler and end the thread (at the end of the script)."""
+        if self._owns_sigterm and threading.current_thread() is threading.main_thread():
+            signal.set_wakeup_fd(self._previous_wakeup_fd)
+            previous = self._previous_sigterm
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            self._owns_sigterm = False
+        self._stopping = True
+        try:
+            self._writer.send(b"\0")
+        except OSError:
+            pass
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         runtime = self.runtime
-        while True:
+        while not self._stopping:
             readable, _, _ = select.select([self._reader], [], [], self.poll_interval)
+            if self._stopping:
+                return
             if readable:
                 try:
                     signals = self._reader.recv(64)

@@ -56,8 +56,9 @@ def run_jit(
     args: list[str] | None = None,
     jit_options: list[str] | None = None,
     timeout: float = JOB_TIMEOUT,
+    script: Path = EXAMPLE,
 ) -> JobResult:
-    """The same job under jit-run; returns output and the JSON report."""
+    """The same job under jit-run (or ``script`` with only ``args``); returns output and the JSON report."""
     report_path = ckpt_dir.parent / f"{ckpt_dir.name}-report.json"
     if report_path.exists():
         report_path.unlink()
@@ -66,7 +67,7 @@ def run_jit(
     if fault:
         cmd += ["--fault", fault]
     cmd += ["torchrun", "--standalone", "--nproc_per_node", str(nproc), "--max-restarts", str(max_restarts),
-            str(EXAMPLE), *TRAIN_ARGS, *(args or [])]
+            str(script), *(TRAIN_ARGS if script == EXAMPLE else []), *(args or [])]
     log_path = ckpt_dir.parent / f"{ckpt_dir.name}.log"  # kept for post-mortems, even on a timeout
     with open(log_path, "w") as log:
         proc = subprocess.run(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, text=True, timeout=timeout, cwd=REPO)
