@@ -166,7 +166,6 @@ def _patch_ddp(runtime: JitRuntime) -> None:
         return
     original_forward = DDP.forward
     original_register = DDP.register_comm_hook
-    original_all_reduce = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
 
     # DDP's _check_comm_hook compares annotation objects, which postponed
     # (string) annotations would fail: the hooks' signatures stay unannotated.
@@ -177,10 +176,12 @@ def _patch_ddp(runtime: JitRuntime) -> None:
         tensor = bucket.buffer()
         # DDP's reducer scales by the reciprocal (mul by 1/world size); do exactly the
         # same so results match plain DDP bit for bit for any world size.
-        tensor.mul_(1.0 / dist.get_world_size(group))
+        tensor.mul_(1.0 / group.size())
         what = f"DDP gradient all-reduce (bucket {bucket.index()})"
         token = runtime.track(what)
-        fut = original_all_reduce(tensor, group=group, async_op=True).get_future()
+        # The process group's own allreduce, as DDP's built-in hook calls it
+        # (dist.all_reduce adds ~35 us of Python checks per bucket).
+        fut = group.allreduce([tensor]).get_future()
         return fut.then(lambda f: _finish(runtime, token, f, what)[0])
 
     def register_comm_hook(self: DDP, state: object, hook: Callable[..., Any]) -> None:

@@ -57,6 +57,40 @@ def test_rng_capture_restore_reproduces_random_streams():
     assert torch.equal(first[0], second[0]) and first[1] == second[1]
 
 
+def test_rng_capture_follows_every_generator_between_captures():
+    """Each capture reflects draws made since the previous one (torch, Python random, NumPy)."""
+    import numpy
+
+    torch.manual_seed(3)
+    random.seed(3)
+    numpy.random.seed(3)
+    rng_state.capture()
+    torch.rand(2), random.random(), numpy.random.rand(2), numpy.random.normal()  # noqa: B018
+    state = pickle.loads(pickle.dumps(rng_state.capture()))
+    expected = (torch.rand(4), random.random(), numpy.random.rand(3), numpy.random.normal())
+    torch.rand(9), random.random(), numpy.random.rand(9)  # noqa: B018  (move every stream on)
+    rng_state.restore(state)
+    again = (torch.rand(4), random.random(), numpy.random.rand(3), numpy.random.normal())
+    assert torch.equal(expected[0], again[0])
+    assert expected[1] == again[1]
+    assert (expected[2] == again[2]).all() and expected[3] == again[3]
+
+
+def test_rng_capture_sees_a_consumed_cached_gaussian():
+    """NumPy's legacy normal() caches a second value; using it changes the state without moving the MT words."""
+    import numpy
+
+    numpy.random.seed(5)
+    numpy.random.normal()  # draws two, caches one
+    rng_state.capture()
+    numpy.random.normal()  # consumes the cached one: the raw words do not move
+    state = rng_state.capture()
+    expected = numpy.random.normal(size=3)
+    numpy.random.normal()
+    rng_state.restore(state)
+    assert (numpy.random.normal(size=3) == expected).all()
+
+
 def test_rng_stash_keeps_two_steps_and_survives_the_writer(tmp_path):
     stash = rng_state.RngStash(tmp_path, rank=3)
     for step in range(5):
