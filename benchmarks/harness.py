@@ -73,13 +73,16 @@ def job_env() -> dict[str, str]:
 def parse_events(text: str) -> list[dict[str, Any]]:
     """Every ``BENCH {json}`` record in ``text`` (torchrun may prefix lines, so search anywhere)."""
     events = []
-    for line in text.splitlines():
-        at = line.find(BENCH_PREFIX + "{")
-        if at >= 0:
-            try:
-                events.append(json.loads(line[at + len(BENCH_PREFIX):]))
-            except json.JSONDecodeError:
-                pass  # interleaved output of two ranks; the event is reported again elsewhere or missed
+    decoder = json.JSONDecoder()
+    marker = BENCH_PREFIX + "{"
+    at = text.find(marker)
+    while at >= 0:
+        try:
+            record, _ = decoder.raw_decode(text, at + len(BENCH_PREFIX))
+            events.append(record)
+        except json.JSONDecodeError:
+            pass  # a record cut by another process's output
+        at = text.find(marker, at + len(marker))
     return events
 
 

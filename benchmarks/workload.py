@@ -59,8 +59,10 @@ def emit(event: str, **fields: Any) -> None:
     """Print one machine-readable ``BENCH {json}`` line on stdout."""
     record = {"event": event, "time": time.time(), "rank": int(os.environ.get("RANK", "0")), "attempt": attempt()}
     record.update(fields)
-    print(BENCH_PREFIX + json.dumps(record), flush=True)
     sys.stdout.flush()
+    # One write() per record: under `python -u` print() writes the text and the
+    # newline separately, and four ranks sharing a pipe then interleave them.
+    os.write(sys.stdout.fileno(), (BENCH_PREFIX + json.dumps(record) + "\n").encode())
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:

@@ -2,7 +2,7 @@
 
 jit-run builds on torchrun rather than beside it: rendezvous (c10d, etcd),
 ``--max-restarts``, multi-node membership and node exclusion all stay
-torchrun's.  This module runs ``torch.distributed.run.main`` with four small
+torchrun's.  This module runs ``torch.distributed.run.main`` with five small
 patches to its ``LocalElasticAgent`` and process context:
 
 1. **Grace period.**  When one worker exits, the agent tears down all local
@@ -19,6 +19,9 @@ patches to its ``LocalElasticAgent`` and process context:
    torchrun would count it as a failure, SIGTERM the other workers and redo
    the job from the last JIT checkpoint; the agent counts it as finished
    instead, and the report lists it.
+5. **Rendezvous round.**  The workers learn the c10d rendezvous round they
+   were started in, which all nodes agree on, and use it to namespace their
+   process-group store (see ``instrument._give_each_attempt_its_own_store``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _process_state(pid: int) -> str:
 
 
 def patch_agent() -> None:
-    """Install the four patches on torchrun's LocalElasticAgent and its process context."""
+    """Install the patches on torchrun's LocalElasticAgent and its process context."""
     from torch.distributed.elastic.agent.server import api as agent_api
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
@@ -78,6 +81,14 @@ def patch_agent() -> None:
                     )
         return result
 
+    original_rendezvous = agent_api.SimpleElasticAgent._rendezvous
+
+    def rendezvous(self: Any, worker_group: Any) -> None:
+        original_rendezvous(self, worker_group)
+        state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
+        if isinstance(getattr(state, "round", None), int):
+            os.environ[config.ENV_RENDEZVOUS_ROUND] = str(state.round)  # workers inherit it
+
     def restart(self: Any, worker_group: Any) -> None:
         events.record("restart_begin", restarts_left=self._remaining_restarts)
         original_restart(self, worker_group)
@@ -87,6 +98,7 @@ def patch_agent() -> None:
     LocalElasticAgent._shutdown = shutdown
     LocalElasticAgent._monitor_workers = monitor
     agent_api.SimpleElasticAgent._restart_workers = restart
+    agent_api.SimpleElasticAgent._rendezvous = rendezvous
 
 
 def _forgive_crashes_after_finished_scripts() -> None:

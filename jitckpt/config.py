@@ -25,6 +25,9 @@ ENV_REPORT = "JITCKPT_REPORT"
 ENV_RUN_DIR = "JITCKPT_RUN_DIR"
 # Host shared-memory directory where every rank stashes its RNG state each minibatch.
 ENV_SHM_DIR = "JITCKPT_SHM_DIR"
+# Set by jit-run's agent for its workers: the rendezvous round they were started
+# in, which every node of the job agrees on (restart counts can differ by node).
+ENV_RENDEZVOUS_ROUND = "JITCKPT_RENDEZVOUS_ROUND"
 ENV_INTERPOSE = "JITCKPT_INTERPOSE"
 ENV_TP_SIZE = "JITCKPT_TP_SIZE"
 ENV_PP_SIZE = "JITCKPT_PP_SIZE"

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 from typing import Any, Callable
 
-from jitckpt import ddp_layout
+from jitckpt import config, ddp_layout
 from jitckpt.runtime import JitRuntime, in_jit_save
 
 _COLLECTIVES = (
@@ -71,6 +72,12 @@ def _give_each_attempt_its_own_store(runtime: JitRuntime) -> None:
     restarted gloo process group reads the dead attempt's peer addresses and
     fails with "connectFullMesh failed ... Connection refused" (seen with torch
     2.13 and plain torchrun --max-restarts).  A PrefixStore per attempt fixes it.
+
+    The namespace must be the same on every node.  torchrun's restart count is
+    not: a node whose agent restarts because another node rejoined the
+    rendezvous does not count a restart.  jit-run's agent therefore passes the
+    rendezvous round its workers were started in (c10d rendezvous); with the
+    static rendezvous every node counts the restart, so the count is used.
     """
     import importlib
 
@@ -86,7 +93,9 @@ def _give_each_attempt_its_own_store(runtime: JitRuntime) -> None:
     def create_store(*args: Any, **kwargs: Any) -> Any:
         store = original(*args, **kwargs)
         if rendezvous._torchelastic_use_agent_store():
-            return PrefixStore(f"jitckpt/attempt-{runtime.attempt}", store)
+            generation = os.environ.get(config.ENV_RENDEZVOUS_ROUND)
+            generation = f"round-{generation}" if generation else f"attempt-{runtime.attempt}"
+            return PrefixStore(f"jitckpt/{generation}", store)
         return store
 
     create_store._jitckpt_wrapped = True  # type: ignore[attr-defined]

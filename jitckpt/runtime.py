@@ -93,7 +93,8 @@ class JitRuntime:
         self.main_parked = threading.Event()
         self._jit_started = False
         self.main_thread = threading.main_thread()
-        events.record("worker_start", rank=self.rank, attempt=self.attempt, world_size=self.world_size)
+        events.record("worker_start", rank=self.rank, attempt=self.attempt, world_size=self.world_size,
+                      rendezvous_round=os.environ.get(config.ENV_RENDEZVOUS_ROUND))
 
     # ----- minibatch phase ------------------------------------------------------------
 
