@@ -19,9 +19,13 @@ patches to its ``LocalElasticAgent`` and process context:
    torchrun would count it as a failure, SIGTERM the other workers and redo
    the job from the last JIT checkpoint; the agent counts it as finished
    instead, and the report lists it.
-5. **Rendezvous round.**  The workers learn the c10d rendezvous round they
-   were started in, which all nodes agree on, and use it to namespace their
-   process-group store (see ``instrument._give_each_attempt_its_own_store``).
+5. **Rendezvous round and generation.**  The workers learn the c10d
+   rendezvous round they were started in, which all nodes agree on, and use
+   it to namespace their process-group store (see
+   ``instrument._give_each_attempt_its_own_store``).  They also learn how
+   often this agent has started workers: torchrun does not count a restart
+   that another node's failure or arrival caused, and the recovery report
+   needs every one.
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ def patch_agent() -> None:
     original_rendezvous = agent_api.SimpleElasticAgent._rendezvous
 
     def rendezvous(self: Any, worker_group: Any) -> None:
+        # Every worker (re)start goes through a rendezvous: count them.
+        generation = self.__dict__.get("_jitckpt_generation", -1) + 1
+        self._jitckpt_generation = generation
+        os.environ[config.ENV_WORKER_GENERATION] = str(generation)
         original_rendezvous(self, worker_group)
         state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
         if isinstance(getattr(state, "round", None), int):

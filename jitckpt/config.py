@@ -28,6 +28,10 @@ ENV_SHM_DIR = "JITCKPT_SHM_DIR"
 # Set by jit-run's agent for its workers: the rendezvous round they were started
 # in, which every node of the job agrees on (restart counts can differ by node).
 ENV_RENDEZVOUS_ROUND = "JITCKPT_RENDEZVOUS_ROUND"
+# Set by jit-run's agent: how many times it has started its workers before
+# (0 for the first start).  Unlike TORCHELASTIC_RESTART_COUNT it also counts a
+# restart caused by another node leaving or joining the rendezvous.
+ENV_WORKER_GENERATION = "JITCKPT_WORKER_GENERATION"
 ENV_INTERPOSE = "JITCKPT_INTERPOSE"
 ENV_TP_SIZE = "JITCKPT_TP_SIZE"
 ENV_PP_SIZE = "JITCKPT_PP_SIZE"

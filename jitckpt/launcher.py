@@ -135,6 +135,12 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         config.ENV_RUN_DIR: str(run_dir),
         config.ENV_SHM_DIR: str(shm_dir),
     })
+    # torch >= 2.4 lets the workers share the rendezvous store hosted by the
+    # agent of group rank 0.  If that node is lost, the others cannot form the
+    # next round: with torch 2.13 the surviving and the replacement agents
+    # fail with DistStoreError (plain torchrun too; tests/test_multinode.py).
+    # The workers' own store, the behaviour before 2.4, survives that.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     if args.emulated_gpus is not None:
         if args.emulated_gpus < 1:
             raise UsageError("--emulated-gpus must be at least 1")

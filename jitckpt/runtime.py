@@ -58,7 +58,9 @@ class JitRuntime:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        # This node's worker generation (jit-run's agent counts every restart,
+        # also one caused by another node); torchrun's own count otherwise.
+        self.attempt = int(os.environ.get(config.ENV_WORKER_GENERATION) or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
         self.coords = checkpoint_store.ParallelCoordinates.from_layout(
             self.rank,
             self.world_size,

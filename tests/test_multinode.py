@@ -1,22 +1,29 @@
 """Two jit-run "nodes" on one host, joined by torchrun's c10d rendezvous, like a two-node job.
 
 Each node is its own jit-run (its own torchrun agent, event log, RNG stash and
-report); they share the checkpoint directory as nodes share a file system.  A
-worker dies on one node: the workers on both nodes save, both agents meet in
-the next rendezvous round, and training ends bit-for-bit where the
-fault-free single-node run ends.
+report); they share the checkpoint directory as nodes share a file system.
+
+- A worker dies on one node: the workers on both nodes save, both agents meet
+  in the next rendezvous round, and training ends bit-for-bit where the
+  fault-free single-node run ends.
+- A whole node is lost (every process of it killed at once): the surviving
+  node saves, a replacement node joins the rendezvous, and the job finishes
+  from the survivor's checkpoint, bit-for-bit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from conftest import EXAMPLE, JOB_TIMEOUT, REPO, TRAIN_ARGS, job_env
+from conftest import EXAMPLE, JOB_TIMEOUT, REPO, TRAIN_ARGS, job_env, run_plain
 
 
 def _free_port() -> int:
@@ -25,29 +32,83 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two_nodes(tmp_path: Path, fault: str, max_restarts: int = 2) -> list[tuple[int, str, dict | None]]:
-    port = _free_port()
-    procs = []
-    for node in range(2):
-        report = tmp_path / f"node{node}-report.json"
-        log = open(tmp_path / f"node{node}.log", "w")
-        cmd = [sys.executable, "-m", "jitckpt.cli", "--checkpoint-dir", str(tmp_path / "ckpt"), "--hang-timeout", "3",
-               "--save-grace", "30", "--report", str(report), "--fault", fault,
-               "torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "jitckpt-two-nodes", "--max-restarts", str(max_restarts),
-               str(EXAMPLE), *TRAIN_ARGS]
-        procs.append((subprocess.Popen(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO), log, report))
-    results = []
-    for node, (proc, log, report) in enumerate(procs):
+def _launch_node(tmp_path: Path, name: str, port: int, fault: str = "", train_args: list[str] | None = None) -> subprocess.Popen:
+    """One node: jit-run with its own torchrun agent (2 workers) in a 2-node c10d rendezvous on ``port``."""
+    cmd = [sys.executable, "-m", "jitckpt.cli", "--checkpoint-dir", str(tmp_path / "ckpt"), "--hang-timeout", "3",
+           "--save-grace", "30", "--report", str(tmp_path / f"{name}-report.json")]
+    if fault:
+        cmd += ["--fault", fault]
+    cmd += ["torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "jitckpt-two-nodes", "--max-restarts", "2",
+            str(EXAMPLE), *TRAIN_ARGS, *(train_args or [])]
+    log = open(tmp_path / f"{name}.log", "w")
+    try:
+        return subprocess.Popen(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    finally:
+        log.close()
+
+
+def _wait_listening(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            code = proc.wait(timeout=JOB_TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            log.close()
-        output = (tmp_path / f"node{node}.log").read_text(errors="replace")
-        results.append((code, output, json.loads(report.read_text()) if report.exists() else None))
-    return results
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"the rendezvous store never listened on port {port}")
+
+
+def _finish(tmp_path: Path, name: str, proc: subprocess.Popen) -> tuple[int, str, dict | None]:
+    try:
+        code = proc.wait(timeout=JOB_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = tmp_path / f"{name}-report.json"
+    output = (tmp_path / f"{name}.log").read_text(errors="replace")
+    return code, output, json.loads(report.read_text()) if report.exists() else None
+
+
+def _run_two_nodes(tmp_path: Path, fault: str) -> list[tuple[int, str, dict | None]]:
+    port = _free_port()
+    first = _launch_node(tmp_path, "node0", port, fault)
+    _wait_listening(port)  # the first node hosts the rendezvous store
+    second = _launch_node(tmp_path, "node1", port, fault)
+    return [_finish(tmp_path, "node0", first), _finish(tmp_path, "node1", second)]
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def _lose_node(pid: int) -> None:
+    """Every process of the node at once, as if its machine died: freeze them all, then kill them."""
+    tree = _descendants(pid)
+    for p in tree:
+        os.kill(p, signal.SIGSTOP)
+    for p in tree:
+        os.kill(p, signal.SIGKILL)
+
+
+def _run_dir_of(tmp_path: Path, jit_run_pid: int) -> Path | None:
+    for file in (tmp_path / "ckpt" / ".jitckpt").glob("run-*/events/*.jsonl"):
+        if file.name.startswith(f"{jit_run_pid}-"):
+            return file.parent
+    return None
 
 
 def _sha(output: str) -> str | None:
@@ -76,3 +137,43 @@ def test_two_nodes_recover_from_a_dead_worker_bit_exact(tmp_path, fault_free_sha
         rounds.setdefault(start["attempt"], set()).add(start["rendezvous_round"])
     assert len(starts) == 8 and all(len(r) == 1 and None not in r for r in rounds.values()), starts
     assert rounds[0] != rounds[1]
+
+
+def test_a_lost_node_is_replaced_and_training_ends_bit_exact(tmp_path):
+    # No dropout: the lost node's RNG stash dies with it, so its ranks' random
+    # streams cannot be restored (documented); everything else must match.
+    train_args = ["--steps", "40", "--dropout", "0"]
+    reference = run_plain(args=train_args)
+    assert reference.returncode == 0 and reference.sha, reference.output[-3000:]
+
+    port = _free_port()
+    survivor = _launch_node(tmp_path, "survivor", port, train_args=[*train_args, "--step-sleep", "0.4"])
+    _wait_listening(port)
+    lost = _launch_node(tmp_path, "lost", port, train_args=[*train_args, "--step-sleep", "0.4"])
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # let the lost node train a few minibatches first
+        run_dir = _run_dir_of(tmp_path, lost.pid)
+        if run_dir and sum(f.read_text().count('"first_step_done"') for f in run_dir.glob("*.jsonl")) >= 2:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the second node never started training")
+    time.sleep(1.5)
+    _lose_node(lost.pid)
+    lost.wait()
+    replacement = _launch_node(tmp_path, "replacement", port, train_args=[*train_args, "--step-sleep", "0.4"])
+
+    results = {name: _finish(tmp_path, name, proc) for name, proc in (("survivor", survivor), ("replacement", replacement))}
+    for code, output, report in results.values():
+        assert code == 0, output[-4000:]
+        assert report is not None, output[-3000:]
+    shas = [_sha(output) for _, output, _ in results.values()]
+    assert reference.sha in shas, shas
+
+    _, output, report = results["survivor"]
+    (failure,) = report["failures"]
+    assert len(failure["saves"]) == 2, output[-3000:]  # both of the survivor's workers saved
+    saved = failure["saves"][0]["minibatch"]
+    assert failure["resumed_from_minibatch"] == saved and report["attempts"] == 2, output[-3000:]
+    _, output, _ = results["replacement"]
+    assert f"resuming from minibatch {saved}" in output, output[-3000:]
