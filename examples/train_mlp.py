@@ -36,6 +36,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--batchnorm", action="store_true", help="BatchNorm after each hidden layer (running statistics are buffers)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (to mimic a slower model)")
     p.add_argument("--out", help="rank 0 saves the final parameters here")
     p.add_argument("--log-every", type=int, default=10)
@@ -43,9 +44,12 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_model(args: argparse.Namespace) -> nn.Module:
-    layers: list[nn.Module] = [nn.Linear(32, args.hidden), nn.GELU(), nn.Dropout(args.dropout)]
+    def norm() -> list[nn.Module]:
+        return [nn.BatchNorm1d(args.hidden)] if args.batchnorm else []
+
+    layers: list[nn.Module] = [nn.Linear(32, args.hidden), *norm(), nn.GELU(), nn.Dropout(args.dropout)]
     for _ in range(args.layers - 1):
-        layers += [nn.Linear(args.hidden, args.hidden), nn.GELU(), nn.Dropout(args.dropout)]
+        layers += [nn.Linear(args.hidden, args.hidden), *norm(), nn.GELU(), nn.Dropout(args.dropout)]
     layers.append(nn.Linear(args.hidden, 1))
     return nn.Sequential(*layers)
 

@@ -226,6 +226,10 @@ def _patch_ddp(runtime: JitRuntime) -> None:
                 original_register(self, self.process_group, jit_allreduce_hook)
         if runtime.phase != "optimizer":
             runtime.phase = "forward"
+        if not getattr(self, "_jitckpt_buffers_noted", False):
+            self._jitckpt_buffers_noted = True
+            runtime.buffer_snapshots.note_module(self.module)
+        runtime.buffer_snapshots.take(runtime.step)
         ddp_layout.note_forward(self)
         return original_forward(self, *inputs, **kwargs)
 

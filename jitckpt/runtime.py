@@ -33,7 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from jitckpt import checkpoint_store, config, ddp_layout, events, faults, rng_state, shutdown
+from jitckpt import checkpoint_store, config, ddp_layout, events, faults, module_buffers, rng_state, shutdown
 
 SaveFunction = Callable[[str], Any]
 
@@ -76,6 +76,7 @@ class JitRuntime:
         self.stash = rng_state.RngStash(self.shm_dir, self.rank) if self.shm_dir else None
 
         self.save_fn: SaveFunction | None = None
+        self.buffer_snapshots = module_buffers.BufferSnapshots()
         self.step = 0  # optimizer steps completed == index of the minibatch in progress
         self.phase = "forward"
         self.resumed_from: int | None = None
@@ -277,6 +278,8 @@ class JitRuntime:
         pending = None
         try:
             pending = checkpoint_store.PendingSave(self.checkpoint_root, step, self.coords)
+            # Forward passes of this minibatch may have updated BatchNorm statistics.
+            buffers_rewound = self.buffer_snapshots.rewind(step)
             _saving.active = True
             _interposer_save_mode(True)
             try:
@@ -295,6 +298,7 @@ class JitRuntime:
                     "saved_state": f"start of minibatch {step}",
                     "attempt": self.attempt,
                     "rng_ranks": rng_files,
+                    "module_buffers_rewound": buffers_rewound,
                 }
             )
         except BaseException as exc:  # report, keep the partial dir out of sight, exit non-zero

@@ -114,3 +114,24 @@ def test_torn_stash_slot_is_ignored(tmp_path):
     data[100] ^= 0xFF  # corrupt slot 0 (step 6) payload
     path.write_bytes(bytes(data))
     assert sorted(rng_state.read_stash(path)) == [7]
+
+
+def test_module_buffers_rewind_to_the_start_of_the_minibatch():
+    """BatchNorm statistics updated by a minibatch's forward passes are put back for a save of its start."""
+    from jitckpt.module_buffers import BufferSnapshots
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    snapshots = BufferSnapshots()
+    snapshots.note_module(model)
+    snapshots.take(0)
+    model(torch.randn(8, 4))
+    snapshots.take(1)  # start of minibatch 1
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.randn(8, 4))
+    snapshots.take(1)  # a second forward (gradient accumulation) of the same minibatch: no new copy
+    model(torch.randn(8, 4))
+    assert not torch.equal(model[1].running_mean, start["1.running_mean"])
+    assert not snapshots.rewind(0), "only the start of the current minibatch is held"
+    assert snapshots.rewind(1)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, start[key]), key

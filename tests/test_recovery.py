@@ -3,9 +3,11 @@ those of a fault-free run with the same seed (real 4-rank torchrun jobs, gloo, C
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from conftest import run_jit
+from conftest import run_jit, run_plain
 
 pytestmark = pytest.mark.slow
 
@@ -86,3 +88,24 @@ def test_more_failures_than_max_restarts(tmp_path):
     # the second JIT checkpoint is on disk, ready for a manual rerun
     assert (tmp_path / "ckpt" / "step-00000008").is_dir()
     assert "Traceback (most recent call last):\n  File \"" + "/jitckpt/launcher.py" not in result.output
+
+
+# BatchNorm's running statistics are buffers that every forward pass updates:
+# the save must hold them as of the start of the saved minibatch.
+BATCHNORM_MATRIX = [("kill", "backward", 6), ("hang", "allreduce", 10), ("kill", "optimizer", 13)]
+
+
+@pytest.fixture(scope="module")
+def fault_free_sha_batchnorm() -> str:
+    result = run_plain(args=["--batchnorm"])
+    assert result.returncode == 0 and result.sha, result.output[-3000:]
+    return result.sha
+
+
+@pytest.mark.parametrize("kind,phase,step", BATCHNORM_MATRIX, ids=[f"{k}-{p}-{s}" for k, p, s in BATCHNORM_MATRIX])
+def test_bit_exact_with_batchnorm_statistics(tmp_path, fault_free_sha_batchnorm, kind, phase, step):
+    result = run_jit(tmp_path / "ckpt", fault=f"rank=2,step={step},phase={phase},kind={kind}", args=["--batchnorm"])
+    _check_single_recovery(result, fault_free_sha_batchnorm, kind, phase, step)
+    saved = step + 1 if phase == "optimizer" else step
+    metas = [json.loads(p.read_text()) for p in (tmp_path / "ckpt").glob(f"step-{saved:08d}/rank-*/jitckpt-meta.json")]
+    assert len(metas) == 3 and all(m["module_buffers_rewound"] for m in metas), metas
