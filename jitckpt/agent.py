@@ -113,9 +113,9 @@ def _forgive_crashes_after_finished_scripts() -> None:
     """Patch 4: a signal death after the script succeeded is not a worker failure."""
     from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
-    original_capture = SubprocessContext._capture_process_failures
-    if getattr(original_capture, "_jitckpt_patched", False):
-        return
+    original_capture = getattr(SubprocessContext, "_capture_process_failures", None)
+    if original_capture is None or getattr(original_capture, "_jitckpt_patched", False):
+        return  # (another torch version: torchrun's own rule applies)
 
     def capture_process_failures(self: Any, done_local_ranks: set[int]) -> None:
         original_capture(self, done_local_ranks)
