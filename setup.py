@@ -1,7 +1,12 @@
 """Build hook: installing jitckpt also builds its native parts with make.
 
 - ``emulator/``: the CPU device emulator (``libcudart.so.13``, ``libnccl.so.2``);
-- ``interpose/``: the LD_PRELOAD interposition library, when present.
+- ``interpose/``: the LD_PRELOAD interposition library, its generated coverage
+  list and cffi declarations.
+
+Their build outputs are copied into the package (``jitckpt/native/_build/``),
+so a wheel carries them and a non-editable install works like a checkout;
+``jitckpt.native`` looks there first, then in the source tree.
 
 They need make, gcc, the CUDA 13 runtime headers and NCCL's header (from
 ``pip install nvidia-nccl-cu13``; install with ``--no-build-isolation`` so the
@@ -23,6 +28,12 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 NATIVE_DIRS = ("emulator", "interpose")
+# What each native part ships, relative to its build/ directory.  Kept in
+# step with jitckpt.native.FILES (tests/test_wheel.py checks a real wheel).
+SHIPPED = {
+    "emulator": ("libcudart.so.13", "libnccl.so.2", "libcudart.so", "libnccl.so"),
+    "interpose": ("libjitckpt_interpose.so", "gen/coverage.json", "gen/jitckpt_interpose.cdef"),
+}
 
 
 def missing_prerequisites() -> list[str]:
@@ -57,12 +68,27 @@ def build_native() -> None:
             subprocess.run(["make", "-s", "-C", str(ROOT / folder), "-j2", f"PYTHON={sys.executable}"], check=True)
 
 
+def copy_native(build_lib: Path) -> None:
+    """Copy the built native parts into ``build_lib/jitckpt/native/_build/<part>/`` (symlinks as files)."""
+    for part, names in SHIPPED.items():
+        source = ROOT / part / "build"
+        if not all((source / name).exists() for name in names):
+            continue  # not built here (warned above): user-level mode still works
+        target = build_lib / "jitckpt" / "native" / "_build" / part
+        for name in names:
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source / name, target / name)  # follows symlinks
+            shutil.copymode(source / name, target / name)
+
+
 class BuildPyWithNative(build_py):
-    """build_py that also builds the native parts (runs for wheels and editable installs)."""
+    """build_py that also builds the native parts and ships them (runs for wheels and editable installs)."""
 
     def run(self) -> None:
         build_native()
         super().run()
+        if not self.editable_mode:  # an editable install finds them in the source tree
+            copy_native(Path(self.build_lib))
 
 
 setup(cmdclass={"build_py": BuildPyWithNative})

@@ -101,7 +101,7 @@ def command(variant: str, args: argparse.Namespace, work: Path) -> list[str]:
     torchrun = [*harness.torchrun(), "--standalone", "--nproc_per_node", str(args.nproc)]
     if variant == JIT:
         fault = f"rank={args.fail_rank},step={args.fail_step},phase=forward,kind=kill"
-        return [sys.executable, "-m", "jitckpt.cli", "--checkpoint-dir", str(work / "ckpt"),
+        return [*harness.jit_run(), "--checkpoint-dir", str(work / "ckpt"),
                 "--report", str(work / "report.json"), "--fault", fault,
                 *torchrun, "--max-restarts", "3", str(harness.BENCH_DIR / "train_jit.py"), *workload_args(args)]
     periodic = str(harness.BENCH_DIR / "train_periodic.py")

@@ -61,8 +61,22 @@ def torchrun() -> list[str]:
     return [found] if found else [sys.executable, "-m", "torch.distributed.run"]
 
 
+def jit_run() -> list[str]:
+    """The jit-run command: the console script installed next to this Python, else the one on PATH.
+
+    (Not ``python -m`` a module of jitckpt: where its command line lives is
+    jitckpt's business.)  The jobs still import the jitckpt of this checkout,
+    which :func:`job_env` puts first on their ``PYTHONPATH``.
+    """
+    beside = Path(sys.executable).with_name("jit-run")
+    found = str(beside) if beside.is_file() else shutil.which("jit-run")
+    if not found:
+        raise SystemExit(f"jit-run not found next to {sys.executable} nor on PATH: pip install -e {REPO}")
+    return [found]
+
+
 def job_env() -> dict[str, str]:
-    """Environment for a job: the repository on PYTHONPATH (jitckpt need not be pip-installed)."""
+    """Environment for a job: the repository first on PYTHONPATH (the jobs use this checkout's jitckpt)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.pop("JITCKPT_ENABLE", None)  # the admin switch would silently turn jit-run into plain torchrun

@@ -5,7 +5,7 @@ that uses ``register_save_checkpoint`` / ``jit_get_checkpoint_path`` like
 ``examples/train_mlp.py``) with the same torchrun arguments:
 
 - ``plain``:   ``torchrun ... train_jit.py``  (jitckpt is a no-op there)
-- ``jit-run``: ``python -m jitckpt.cli --checkpoint-dir D torchrun ... train_jit.py``
+- ``jit-run``: ``jit-run --checkpoint-dir D torchrun ... train_jit.py``
 
 Only the training loop is timed, by the job itself (rank 0, the steps after
 ``--warmup``), so process start-up is left out.  The variants run interleaved
@@ -70,7 +70,7 @@ def command(variant: str, args: argparse.Namespace, work: Path) -> list[str]:
            str(harness.BENCH_DIR / "train_jit.py"), *workload_args(args)]
     if variant == "plain":
         return job
-    return [sys.executable, "-m", "jitckpt.cli", "--checkpoint-dir", str(work / "ckpt"),
+    return [*harness.jit_run(), "--checkpoint-dir", str(work / "ckpt"),
             "--report", str(work / "report.json"), *job]
 
 

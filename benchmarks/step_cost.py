@@ -55,42 +55,32 @@ def parse_args() -> argparse.Namespace:
 
 def worker(args: argparse.Namespace) -> None:
     """One rank: both models, alternating blocks, per-block CPU and wall time."""
-    import torch
     import torch.distributed as dist
     import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import jitckpt
-    import jitckpt.api
-    import workload
+    from workload import mlp_job  # the example's job (workload.py puts examples/ on sys.path)
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model_args = argparse.Namespace(hidden=args.hidden, layers=args.layers, dropout=0.1, batch=args.batch, seed=1)
+    job_args = argparse.Namespace(hidden=args.hidden, layers=args.layers, dropout=0.1, batchnorm=False,
+                                  batch=args.batch, accum=args.accum, seed=1)
     variants = {}
     for name in ("jitckpt", "plain DDP"):
-        torch.manual_seed(0)
-        model = workload.make_model(model_args)
+        model, optimizer, scheduler = mlp_job.build(job_args, rank)  # the same initial model both times
         ddp = DDP(model)
         if name == "plain DDP":
             ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
-        variants[name] = (ddp, torch.optim.Adam(model.parameters(), lr=1e-3))
+        variants[name] = (ddp, optimizer, scheduler)
     jitckpt.register_save_checkpoint(lambda path: None)
-    runtime = jitckpt.api.runtime()
-    assert runtime is not None, "run this through jit-run (python benchmarks/step_cost.py does)"
+    assert jitckpt.current_step() is not None, "run this through jit-run (python benchmarks/step_cost.py does)"
     loss_fn = nn.MSELoss()
 
     def step(name: str, index: int) -> None:
-        ddp, optimizer = variants[name]
-        for micro in range(args.accum):
-            x, y = workload.batch(model_args, index, micro, rank)
-            if micro < args.accum - 1:
-                with ddp.no_sync():
-                    (loss_fn(ddp(x), y) / args.accum).backward()
-            else:
-                (loss_fn(ddp(x), y) / args.accum).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        ddp, optimizer, scheduler = variants[name]
+        mlp_job.train_step(job_args, ddp, optimizer, loss_fn, index, rank)
+        scheduler.step()
 
     step("jitckpt", 0)  # its optimizer steps first: the primary one, whose steps are minibatches
     step("plain DDP", 0)
@@ -106,8 +96,7 @@ def worker(args: argparse.Namespace) -> None:
             if block >= 4:  # warm-up blocks are not timed
                 samples[name].append(((time.process_time() - cpu) / args.block_steps,
                                       (time.perf_counter() - wall) / args.block_steps))
-    stashed = runtime.step
-    result = {"rank": rank, "samples": samples, "jitckpt_minibatches": stashed}
+    result = {"rank": rank, "samples": samples, "jitckpt_minibatches": jitckpt.current_step()}
     (Path(args.out_dir) / f"rank-{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -119,7 +108,7 @@ def main() -> int:
         return 0
     harness.log(harness.machine_summary())
     with tempfile.TemporaryDirectory(prefix="jitckpt-stepcost-") as tmp:
-        cmd = [sys.executable, "-m", "jitckpt.cli", "--checkpoint-dir", str(Path(tmp) / "ckpt"),
+        cmd = [*harness.jit_run(), "--checkpoint-dir", str(Path(tmp) / "ckpt"),
                "torchrun", "--standalone", "--nproc_per_node", str(args.nproc), str(Path(__file__).resolve()), "--worker",
                "--blocks", str(args.blocks), "--block-steps", str(args.block_steps), "--hidden", str(args.hidden),
                "--layers", str(args.layers), "--batch", str(args.batch), "--accum", str(args.accum), "--out-dir", tmp]

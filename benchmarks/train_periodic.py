@@ -17,8 +17,8 @@ torch 2.13's torchrun cannot restart a gloo job as it stands: the agent keeps
 one rendezvous store across restarts and the workers' process group reads the
 dead attempt's peer addresses ("Gloo connectFullMesh failed ... Connection
 refused").  This script therefore applies the same workaround jitckpt applies
-in its worker runtime (``jitckpt/instrument.py``,
-``_give_each_attempt_its_own_store``): one ``PrefixStore`` per restart.
+in its worker runtime (``_give_each_attempt_its_own_store`` in
+``jitckpt/worker/instrument.py``): one ``PrefixStore`` per restart.
 
     torchrun --standalone --nproc_per_node 4 --max-restarts 1 benchmarks/train_periodic.py \\
         --ckpt-dir /tmp/ckpt --ckpt-every 50 --steps 500 --fail-step 325
@@ -43,6 +43,11 @@ import torch.distributed as dist  # noqa: E402
 import workload  # noqa: E402
 
 
+# Kept here rather than imported from jitckpt: every plain-torchrun gloo job
+# needs this fix to restart at all, and the baseline is what a user runs
+# without jitckpt, so it must not import it.  jitckpt's version also belongs
+# to its worker runtime (it reads the runtime's attempt and jit-run's
+# rendezvous round, for multi-node jobs); this one is the single-node form.
 def give_each_attempt_its_own_store() -> None:
     """Namespace the rendezvous store by torchrun restart count (see the module docstring)."""
     from torch.distributed import PrefixStore

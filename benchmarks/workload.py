@@ -1,10 +1,10 @@
 """The benchmark workload shared by ``train_jit.py`` and ``train_periodic.py``.
 
-Same model style as ``examples/train_mlp.py`` (a data-parallel MLP with
-dropout, Adam, a StepLR schedule and gradient accumulation; every batch a
-pure function of (seed, step, micro-batch, rank)), but sized so that one
-optimizer step costs tens of milliseconds on a small CPU box, and with the
-loop instrumented for benchmarking.
+The job is the example's (``examples/mlp_job.py``, which ``examples/train_mlp.py``
+runs: a data-parallel MLP with dropout, Adam, a StepLR schedule and gradient
+accumulation; every batch a pure function of (seed, step, micro-batch,
+rank)), sized by default so that one optimizer step costs tens of
+milliseconds on a small CPU box.  This module adds only the timing around it.
 
 Both training scripts run the *same* loop (:func:`run_loop`) so that the only
 difference between the variants is what they do around it (jitckpt's hooks,
@@ -18,20 +18,24 @@ processes and attempts (they all run on one host).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+if str(EXAMPLES_DIR) not in sys.path:
+    sys.path.insert(0, str(EXAMPLES_DIR))
+import mlp_job  # noqa: E402  (does not import jitckpt: the periodic baseline runs it too)
+
 BENCH_PREFIX = "BENCH "
-INPUT_DIM = 32
 
 
 def attempt() -> int:
@@ -66,57 +70,20 @@ def emit(event: str, **fields: Any) -> None:
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
-    """The workload flags every training script shares (defaults: ~20-100 ms per step on 2 cores, 4 ranks)."""
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps (minibatches)")
+    """The example's job flags, sized for benchmarking (~20-100 ms per step on 2 cores, 4 ranks), and the failure flags."""
+    mlp_job.add_job_args(p)
+    p.set_defaults(steps=300, batch=32, hidden=512, layers=4)
     p.add_argument("--warmup", type=int, default=10, help="steps of each attempt left out of the timed loop")
-    p.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
-    p.add_argument("--batch", type=int, default=32, help="samples per micro-batch per rank")
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--fail-rank", type=int, default=2, help="rank that fails (with --fail-step)")
     p.add_argument("--fail-step", type=int, default=-1,
                    help="minibatch at whose start --fail-rank fails on the first attempt (-1: no failure)")
 
 
-def make_model(args: argparse.Namespace) -> nn.Module:
-    """The MLP of examples/train_mlp.py, wider."""
-    layers: list[nn.Module] = [nn.Linear(INPUT_DIM, args.hidden), nn.GELU(), nn.Dropout(args.dropout)]
-    for _ in range(args.layers - 1):
-        layers += [nn.Linear(args.hidden, args.hidden), nn.GELU(), nn.Dropout(args.dropout)]
-    layers.append(nn.Linear(args.hidden, 1))
-    return nn.Sequential(*layers)
-
-
-def batch(args: argparse.Namespace, step: int, micro: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The data for (step, micro-batch, rank): independent of every global RNG."""
-    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + micro * 101 + rank)
-    x = torch.randn(args.batch, INPUT_DIM, generator=g)
-    y = x[:, :4].sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(args.batch, 1, generator=g)
-    return x, y
-
-
-def parameters_sha256(model: nn.Module) -> str:
-    """SHA-256 of the state dict, as examples/train_mlp.py prints it."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
 def build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    """Process group, model, optimizer and scheduler, seeded like the example."""
+    """Process group, then the example's model, optimizer and scheduler (seeded like the example)."""
     dist.init_process_group("gloo")
     emit("pg_ready")
-    rank = dist.get_rank()
-    torch.manual_seed(args.seed)  # same initial model on every rank
-    model = make_model(args)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.8)
-    torch.manual_seed(args.seed + 1 + rank)  # each rank draws its own dropout masks
-    return model, optimizer, scheduler
+    return mlp_job.build(args, dist.get_rank())
 
 
 def run_loop(
@@ -160,16 +127,7 @@ def run_loop(
             emit("fail_now", step=step)
             if fail is not None:
                 fail()
-        for micro in range(args.accum):
-            x, y = batch(args, step, micro, rank)
-            if micro < args.accum - 1:
-                with ddp.no_sync():
-                    (loss_fn(ddp(x), y) / args.accum).backward()
-            else:
-                loss = loss_fn(ddp(x), y) / args.accum
-                loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        loss = mlp_job.train_step(args, ddp, optimizer, loss_fn, step, rank)
         scheduler.step()
         if after_step is not None:
             after_step(step)
@@ -193,6 +151,6 @@ def run_loop(
             step_ms_median=statistics.median(durations) * 1e3 if durations else None,
             step_ms_p90=statistics.quantiles(durations, n=10)[-1] * 1e3 if len(durations) >= 10 else None,
             final_loss=float(loss.item() * args.accum),
-            sha256=parameters_sha256(model),
+            sha256=mlp_job.parameters_sha256(model),
         )
     dist.destroy_process_group()

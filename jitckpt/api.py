@@ -13,14 +13,11 @@ jit-run both are no-ops with one warning, so the same script runs anywhere.
 
 from __future__ import annotations
 
-import atexit
-import os
 import warnings
 from typing import Any, Callable
 
-from jitckpt import config, shutdown
+from jitckpt import worker
 
-_runtime = None
 _checkpoint_lookup_done = False
 _checkpoint_path: str | None = None
 _warned_inactive = False
@@ -43,48 +40,6 @@ def _warn_inactive() -> None:
         )
 
 
-def runtime() -> Any:
-    """The worker's JitRuntime, created and instrumented on first use; None outside jit-run."""
-    global _runtime
-    if _runtime is None and config.is_active():
-        from jitckpt import instrument
-        from jitckpt.runtime import JitRuntime
-        from jitckpt.watchdog import CollectiveWatchdog
-
-        _runtime = JitRuntime()
-        # Python subprocesses this worker starts must not arm a second runtime
-        # for the same rank (they would overwrite its RNG stash).
-        os.environ[config.ENV_ACTIVE] = config.ACTIVE_CLAIMED
-        instrument.install(_runtime)
-        watchdog = CollectiveWatchdog(_runtime)
-        watchdog.start()
-        _connect_interposer()
-        shutdown.install()
-        atexit.register(_at_script_end, _runtime, watchdog)
-    return _runtime
-
-
-def _at_script_end(rt: Any, watchdog: Any) -> None:
-    """atexit: the training script is over.  Record how it ended and step aside before interpreter teardown."""
-    if rt.jit_event_started():
-        rt.park_forever()  # the save thread commits the checkpoint and ends the process
-    rt.record_exit()
-    # Nothing is left to save.  Dropping the save function also lets the
-    # script's globals (which it usually closes over) be finalised as usual.
-    rt.save_fn = None
-    watchdog.stop()
-    shutdown.hand_over_to_backend_threads()
-
-
-def _connect_interposer() -> None:
-    """If jit-run preloaded the CUDA/NCCL interposition library, let its C watchdog raise JIT events here."""
-    try:
-        from jitckpt import interpose
-    except ImportError:  # cffi missing: the library (if any) has no one to call
-        return
-    interpose.install()
-
-
 def register_save_checkpoint(fn: Callable[[str], Any]) -> None:
     """Register ``fn(path)``, called on a failure to write this rank's state into directory ``path``.
 
@@ -95,7 +50,7 @@ def register_save_checkpoint(fn: Callable[[str], Any]) -> None:
     """
     if not callable(fn):
         raise TypeError(f"register_save_checkpoint expects a callable save(path), got {type(fn).__name__}")
-    rt = runtime()
+    rt = worker.arm()
     if rt is None:
         _warn_inactive()
         return
@@ -112,20 +67,21 @@ def jit_get_checkpoint_path() -> str | None:
     the training loop.  Returns None on a fresh start and outside jit-run.
     """
     global _checkpoint_lookup_done, _checkpoint_path
-    rt = runtime()
+    rt = worker.arm()
     if rt is None:
         _warn_inactive()
         return None
     if _checkpoint_lookup_done:
         return _checkpoint_path
-    from jitckpt.runtime import log
+    from jitckpt.worker import resume
+    from jitckpt.worker.console import log
 
-    info = rt.locate_checkpoint()
+    info = resume.locate(rt)
     if info is None:
-        rt.fresh_start()
+        resume.fresh_start(rt)
         _checkpoint_path = None
     else:
-        rt.resume_from(info)
+        resume.resume(rt, info)
         log(f"resuming from minibatch {info.step}: {info.path}")
         _checkpoint_path = str(info.path)
     _checkpoint_lookup_done = True
@@ -134,5 +90,5 @@ def jit_get_checkpoint_path() -> str | None:
 
 def current_step() -> int | None:
     """Minibatches completed so far as counted by jitckpt (optimizer steps), or None outside jit-run."""
-    rt = runtime()
+    rt = worker.arm()
     return None if rt is None else rt.step

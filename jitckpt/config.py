@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from jitckpt.validate import positive_number
+
 # Set by jit-run in every worker's environment; the library is a no-op without it.
 ENV_ACTIVE = "JITCKPT_ACTIVE"
 # Value of ENV_ACTIVE in the torchrun agent itself, which must not arm a runtime.
@@ -49,17 +51,11 @@ JIT_SAVE_FAILED_EXIT_CODE = 76
 
 
 def env_float(name: str, default: float) -> float:
-    """Read a positive float from the environment, with a clear error on nonsense."""
+    """Read a positive, finite number of seconds from the environment, with a clear error on nonsense."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be > 0")
-    return value
+    return positive_number(raw, name)
 
 
 def is_active() -> bool:

@@ -20,7 +20,7 @@ import dataclasses
 import os
 import signal
 
-from jitckpt import events
+from jitckpt import eventlog
 
 PHASES = ("forward", "backward", "allreduce", "optimizer", "save")
 KINDS = ("kill", "hang", "raise")
@@ -95,7 +95,7 @@ class FaultInjector:
 
 
 def fire(spec: FaultSpec) -> None:
-    events.record("fault_injected", rank=spec.rank, step=spec.step, phase=spec.phase, kind=spec.kind)
+    eventlog.record("fault_injected", rank=spec.rank, step=spec.step, phase=spec.phase, kind=spec.kind)
     print(f"[jitckpt] injecting fault {spec}", flush=True)
     if spec.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -62,7 +62,7 @@ def run_jit(
     report_path = ckpt_dir.parent / f"{ckpt_dir.name}-report.json"
     if report_path.exists():
         report_path.unlink()
-    cmd = [sys.executable, "-m", "jitckpt.cli", "--checkpoint-dir", str(ckpt_dir), "--hang-timeout", str(hang_timeout),
+    cmd = [sys.executable, "-m", "jitckpt", "--checkpoint-dir", str(ckpt_dir), "--hang-timeout", str(hang_timeout),
            "--save-grace", "30", "--report", str(report_path), *(jit_options or [])]
     if fault:
         cmd += ["--fault", fault]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jitckpt import checkpoint_store as store
-from jitckpt.checkpoint_store import CheckpointError, CheckpointWarning, ParallelCoordinates
+from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, DiskStore, ParallelCoordinates, select
+from jitckpt.store import disk as store
 
 
 def coords(rank: int, world: int = 4, tp: int = 1, pp: int = 1) -> ParallelCoordinates:
@@ -25,10 +25,10 @@ def save(root: Path, step: int, rank: int, payload: bytes = b"state", world: int
     return pending.commit({"reason": "test"})
 
 
-def find(root: Path, rank: int = 0, world: int = 4, **kw) -> tuple[store.CheckpointInfo | None, list[str]]:
+def find(root: Path, rank: int = 0, world: int = 4, **kw) -> tuple[CheckpointInfo | None, list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointWarning)
-        info = store.find_checkpoint(root, coords(rank, world, kw.pop("tp", 1), kw.pop("pp", 1)), **kw)
+        info = select(DiskStore(root), coords(rank, world, kw.pop("tp", 1), kw.pop("pp", 1)), **kw)
     return info, [str(w.message) for w in caught]
 
 
@@ -155,7 +155,7 @@ def test_prune_keeps_newest_good_steps_only(tmp_path):
     for step in (1, 2, 3, 4):
         save(tmp_path, step, 0)
     (tmp_path / "step-00000004" / "rank-00000" / store.META_FILE).unlink()  # torn newest
-    removed = store.prune(tmp_path, keep=2)
+    removed = DiskStore(tmp_path).prune(keep=2)
     assert [p.name for p in removed] == ["step-00000001"]
     assert store.list_steps(tmp_path) == [4, 3, 2]
 
@@ -177,6 +177,6 @@ def test_prune_never_removes_the_newest_complete_step(tmp_path):
     save(tmp_path, 20, 1, tp=2)
     for step in (28, 29, 30):  # newer steps that cover only tensor shard 0
         save(tmp_path, step, 0, tp=2)
-    assert store.prune(tmp_path, keep=3) == []
+    assert DiskStore(tmp_path).prune(keep=3) == []
     info, _ = find(tmp_path, rank=1, tp=2)
     assert info.step == 20

@@ -1,4 +1,4 @@
-"""Tests of `jit-run doctor` (jitckpt.doctor) on real binaries.
+"""Tests of `jit-run doctor` (the jitckpt.doctor package) on real binaries.
 
 The CUDA programs are compiled here with nvcc 13, once with ``-cudart shared``
 and once with nvcc's default static runtime; the libraries analysed are the
@@ -9,6 +9,11 @@ stand-ins built with gcc play the parts this machine does not have (a
 imports come from ``nvcc``'s behaviour as recorded in emulator/README.md,
 not from the code under test. Everything here is static analysis, so nothing
 needs a GPU.
+
+What jitckpt covers comes from a small coverage list written here in the
+generator's format (``COVERAGE_FIXTURE``), so the verdicts do not depend on
+whether ``make -C interpose`` has generated the real one; one test compares
+doctor with the generated list when it is built.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from typing import Any
 
 import pytest
 
+import jitckpt.native
 from jitckpt import doctor
+from jitckpt.doctor import coverage as doctor_coverage
 
 REPO = Path(__file__).resolve().parent.parent
 EMULATOR = REPO / "emulator"
@@ -74,6 +81,33 @@ EXPECTED_SHARED_IMPORTS = {
 # The hidden entry points DESIGN decision 5 names.
 DESIGN_HIDDEN = {"__cudaRegisterFatBinary", "__cudaRegisterFunction", "__cudaPushCallConfiguration",
                  "__cudaLaunchKernel", "__cudaGetKernel", "__cudaInitModule"}
+
+# A coverage list in the format interpose/tools/gen_interpose.py writes. Every runtime name here is
+# a real libcudart.so.13 function that the CPU device emulator implements; ncclCommSplit and
+# cudaGraphLaunch are listed but not covered in transparent mode, cufftExecC2C belongs to a
+# library doctor never judges.
+FIXTURE_RUNTIME = sorted(set(doctor.HIDDEN_ENTRY_POINTS) | {
+    "cudaMalloc", "cudaFree", "cudaDeviceSynchronize", "cudaStreamCreate", "cudaMemcpy", "cudaSetDevice",
+    "cudaGetDevice", "cudaEventRecord"})
+FIXTURE_NCCL = sorted(prefix + name for prefix in ("nccl", "pnccl") for name in (
+    "AllReduce", "Broadcast", "CommInitRank", "CommDestroy", "GetUniqueId", "GroupStart", "GroupEnd"))
+FIXTURE_WRAPPED = {"cudaEventRecord", "cudaStreamCreate", "ncclAllReduce", "ncclBroadcast"}
+COVERAGE_FIXTURE: dict[str, Any] = {
+    "generated_by": "tests/test_doctor.py (a fixture in interpose/tools/gen_interpose.py's format)",
+    "runtime_version_node": "libcudart.so.13",
+    "functions": {
+        **{name: {"library": "cudart", "version": "libcudart.so.13", "transparent": True,
+                  "passthrough": "wrapped" if name in FIXTURE_WRAPPED else "forwarded"} for name in FIXTURE_RUNTIME},
+        **{name: {"library": "nccl", "version": None, "transparent": True,
+                  "passthrough": "wrapped" if name in FIXTURE_WRAPPED else "forwarded"} for name in FIXTURE_NCCL},
+        "cudaGraphLaunch": {"library": "cudart", "version": "libcudart.so.13", "passthrough": "forwarded",
+                            "transparent": False},
+        "ncclCommSplit": {"library": "nccl", "version": None, "passthrough": "forwarded", "transparent": False},
+        "cufftExecC2C": {"library": "cufft", "version": None, "passthrough": "forwarded", "transparent": False},
+    },
+}
+# The real lookup of the built list, before the autouse fixture below replaces it.
+BUILT_COVERAGE = doctor_coverage.default_path
 
 
 # --------------------------------------------------------------------------
@@ -125,6 +159,27 @@ def _parallel(commands: list[list[str]], cwd: Path) -> None:
 def _run(cmd: list[str], cwd: Path) -> None:
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
+
+
+@pytest.fixture(scope="session")
+def coverage_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """COVERAGE_FIXTURE as a file."""
+    path = tmp_path_factory.mktemp("coverage") / "coverage.json"
+    path.write_text(json.dumps(COVERAGE_FIXTURE, indent=2))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def fixture_coverage(coverage_file: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Doctor reads COVERAGE_FIXTURE where it would read the built list (tests of the real lookup restore it)."""
+    monkeypatch.setattr(doctor_coverage, "default_path", lambda: coverage_file)
+    return coverage_file
+
+
+@pytest.fixture
+def built_coverage_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Undo fixture_coverage: doctor looks for the built list through jitckpt.native again."""
+    monkeypatch.setattr(doctor_coverage, "default_path", BUILT_COVERAGE)
 
 
 @pytest.fixture(scope="session")
@@ -324,12 +379,14 @@ def test_real_libcudart_is_reported_as_the_runtime_itself(real_cudart: Path) -> 
 def test_emulator_libraries(emulator_build: Path) -> None:
     runtime = doctor_json(emulator_build / "libcudart.so.13")
     assert runtime["provides"]["role"] == doctor.ROLE_EMULATED_RUNTIME
-    assert runtime["provides"]["not_covered"] == []
+    assert runtime["provides"]["covered"] == len(FIXTURE_RUNTIME)  # the emulator implements them all
+    assert runtime["provides"]["covered"] + len(runtime["provides"]["not_covered"]) == runtime["provides"]["defines"]
     assert runtime["provides"]["versions"] == ["libcudart.so.13"]
 
     nccl = doctor_json(emulator_build / "libnccl.so.2")
     assert nccl["provides"]["role"] == doctor.ROLE_EMULATED_NCCL
-    assert nccl["provides"]["not_covered"] == []
+    assert nccl["provides"]["covered"] == len(FIXTURE_NCCL)
+    assert "ncclCommSplit" not in nccl["provides"]["not_covered"]  # listed, but the emulator lacks it
     assert nccl["provides"]["versions"] == ["(unversioned)"]
     assert nccl["imports"] == []  # the emulated NCCL imports no cuda* symbol (README)
     dep = obj(nccl, "libcudart.so.13")  # found through its DT_RUNPATH $ORIGIN
@@ -432,42 +489,99 @@ def test_resolution_agrees_with_the_real_loader(stand_ins: dict[str, Path], emul
 # --------------------------------------------------------------------------
 
 
-def test_coverage_comes_from_the_emulator(emulator_build: Path) -> None:
+def test_coverage_list_is_read_in_the_generators_format(coverage_file: Path) -> None:
+    coverage = doctor.load_coverage(coverage_file)
+    assert coverage.known and coverage.sources == [str(coverage_file)]
+    assert coverage.runtime == {name: "libcudart.so.13" for name in FIXTURE_RUNTIME}
+    assert coverage.nccl == {name: None for name in FIXTURE_NCCL}
+    # listed but not transparent: known to passthrough mode, not covered
+    assert "cudaGraphLaunch" not in coverage.runtime and "ncclCommSplit" not in coverage.nccl
+    assert coverage.passthrough["cudaGraphLaunch"] == "forwarded"
+    assert coverage.passthrough["cudaEventRecord"] == "wrapped"
+    assert "cufftExecC2C" not in coverage.passthrough
+    assert doctor.load_coverage() == coverage  # the autouse fixture stands in for the built list
+
+
+def test_covered_set_is_the_generated_list(built_coverage_lookup: None) -> None:
+    """When `make -C interpose` has generated coverage.json, doctor covers exactly what it says."""
+    built = jitckpt.native.find("interpose", "gen/coverage.json")
+    if built is None:
+        pytest.skip("the interposer's coverage list is not built (`make -C interpose` generates gen/coverage.json)")
+    data = json.loads(built.read_text())
+    expected = {library: {name: entry["version"] for name, entry in data["functions"].items()
+                          if entry["library"] == library and entry["transparent"]} for library in ("cudart", "nccl")}
     coverage = doctor.load_coverage()
-    assert str(emulator_build / "libcudart.so.13") in coverage.sources[0]
-    assert "cudart.map" in coverage.sources[0]
-    assert set(doctor.HIDDEN_ENTRY_POINTS) <= set(coverage.runtime)
-    assert set(coverage.runtime.values()) == {"libcudart.so.13"}
-    assert {"ncclAllReduce", "pncclAllReduce"} <= set(coverage.nccl)
-    assert set(coverage.nccl.values()) == {None}
-    # The fallback list must say the same as the emulator it stands for.
-    assert set(coverage.runtime) == doctor.EMBEDDED_RUNTIME_FUNCTIONS, (
-        "the emulator's exports changed: update _EMBEDDED_RUNTIME in jitckpt/doctor.py "
-        "(`jit-run doctor --transparent-list` prints the current list)")
-    assert set(coverage.nccl) == doctor.EMBEDDED_NCCL_FUNCTIONS
+    assert coverage.known and coverage.sources == [str(built)]
+    assert coverage.runtime == expected["cudart"]
+    assert coverage.nccl == expected["nccl"]
+    status, out, _ = run_doctor("--transparent-list", "--json")
+    assert status == 0
+    listed = json.loads(out)["coverage"]
+    assert listed["runtime"] == expected["cudart"] and listed["nccl"] == expected["nccl"]
+    # Facts of the design the generated list must agree with.
+    assert set(coverage.runtime.values()) == {data["runtime_version_node"]} == {doctor.RUNTIME_VERSION_NODE}
+    assert set(doctor.HIDDEN_ENTRY_POINTS) <= set(coverage.runtime), "transparent mode must cover nvcc's entry points"
 
 
-def test_coverage_falls_back_to_the_embedded_list_and_honours_a_version_script(tmp_path: Path) -> None:
-    empty = doctor.load_coverage(tmp_path)
-    assert set(empty.runtime) == doctor.EMBEDDED_RUNTIME_FUNCTIONS
-    assert set(empty.runtime.values()) == {"libcudart.so.13"}
-    assert "embedded" in empty.sources[0]
-    (tmp_path / "cudart.map").write_text("/* only two */ libcudart.so.13 { global: cudaMalloc; __cudaLaunch*; local: *; };\n")
-    (tmp_path / "nccl.map").write_text("{ global: ncclAllReduce; local: *; };\n")
-    narrow = doctor.load_coverage(tmp_path)
-    assert narrow.runtime == {"cudaMalloc": "libcudart.so.13", "__cudaLaunchKernel": "libcudart.so.13",
-                              "__cudaLaunchKernel_ptsz": "libcudart.so.13"}
-    assert narrow.nccl == {"ncclAllReduce": None}
-
-
-def test_transparent_list() -> None:
+def test_missing_coverage_list_says_coverage_unknown(cuda_builds: dict[str, Path], built_coverage_lookup: None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """No built list: doctor still analyses, says why the coverage is unknown and how to fix it, and exits 0."""
+    monkeypatch.setattr(jitckpt.native, "find", lambda part, name: None)
+    status, text, err = run_doctor(str(cuda_builds["shared"]))
+    assert status == 0 and err == ""
+    header = " ".join(text.split("\n\n")[0].split())  # the paragraph, unwrapped
+    assert "coverage unknown" in header and "is not built" in header and "make -C interpose" in header
+    assert text.rstrip().splitlines()[-1].startswith(
+        "verdict: passthrough mode OK; transparent mode UNKNOWN (coverage unknown: the interposer's coverage list")
+    report = doctor_json(cuda_builds["shared"])
+    assert report["coverage"]["known"] is False and "make -C interpose" in report["coverage"]["missing"]
+    assert {i["status"] for i in report["imports"]} == {"coverage unknown"}
+    assert report["verdict"]["passthrough"]["status"] == "ok"
+    assert report["verdict"]["transparent"]["status"] == "unknown"
     status, text, _ = run_doctor("--transparent-list")
+    assert status == 0 and "coverage unknown" in text and "make -C interpose" in " ".join(text.split())
+
+
+def test_missing_coverage_list_keeps_other_verdicts(cuda_builds: dict[str, Path], built_coverage_lookup: None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """What does not depend on the list (a static runtime) is still said plainly."""
+    monkeypatch.setattr(jitckpt.native, "find", lambda part, name: None)
+    report = doctor_json(cuda_builds["static"])
+    for mode in ("passthrough", "transparent"):
+        assert report["verdict"][mode]["status"] == "not supported"
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "no such coverage list"),
+    ("{not json", "invalid JSON"),
+    ('{"functions": []}', "no 'functions' object"),
+    ('{"functions": {"cudaMalloc": {"library": "cudart", "version": null, "passthrough": "maybe", '
+     '"transparent": true}}}', "'passthrough' must be one of wrapped, forwarded"),
+])
+def test_bad_coverage_file_is_one_line_and_status_2(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "coverage.json"
+    if content is not None:
+        path.write_text(content)
+    status, out, err = run_doctor("--transparent-list", "--coverage", str(path))
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and str(path) in err
+
+
+def test_transparent_list(coverage_file: Path, built_coverage_lookup: None,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """--transparent-list prints the list named with --coverage, whatever is built."""
+    monkeypatch.setattr(jitckpt.native, "find", lambda part, name: None)
+    status, text, _ = run_doctor("--transparent-list", "--coverage", str(coverage_file))
     assert status == 0
     assert "__cudaLaunchKernel" in text and "ncclAllReduce" in text and "libcudart.so.13" in text
-    status, out, _ = run_doctor("--transparent-list", "--json")
+    assert "cudaGraphLaunch" not in text and str(coverage_file) in text
+    assert f"CUDA runtime, version libcudart.so.13 ({len(FIXTURE_RUNTIME)}; passthrough mode wraps 2 of them" in text
+    status, out, _ = run_doctor("--transparent-list", "--json", "--coverage", str(coverage_file))
     data = json.loads(out)["coverage"]
+    assert data["known"] is True
     assert data["runtime"]["cudaMalloc"] == "libcudart.so.13"
     assert data["nccl"]["ncclAllReduce"] is None
+    assert data["passthrough"]["ncclAllReduce"] == "wrapped"
 
 
 def test_ld_so_cache_is_parsed() -> None:
@@ -477,10 +591,11 @@ def test_ld_so_cache_is_parsed() -> None:
     assert any(os.path.basename(p) == "libc.so.6" for p in cache.get("libc.so.6", []))
 
 
-def test_jit_run_doctor_command(cuda_builds: dict[str, Path]) -> None:
-    """The `jit-run doctor` entry point, as a user runs it."""
+@pytest.mark.parametrize("command", [["jitckpt.launch.cli", "doctor"], ["jitckpt.doctor"]])
+def test_jit_run_doctor_command(cuda_builds: dict[str, Path], coverage_file: Path, command: list[str]) -> None:
+    """The `jit-run doctor` entry point, as a user runs it, and `python -m jitckpt.doctor`."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "jitckpt.cli", "doctor", str(cuda_builds["shared"])],
+    proc = subprocess.run([sys.executable, "-m", *command, str(cuda_builds["shared"]), "--coverage", str(coverage_file)],
                           capture_output=True, text=True, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.rstrip().endswith("verdict: passthrough mode OK; transparent mode OK")

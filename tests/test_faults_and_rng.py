@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from jitckpt import faults, rng_state
+from jitckpt import faults
+from jitckpt.worker import rng_state
 
 
 def test_fault_specs_parse():
@@ -118,7 +119,7 @@ def test_torn_stash_slot_is_ignored(tmp_path):
 
 def test_module_buffers_rewind_to_the_start_of_the_minibatch():
     """BatchNorm statistics updated by a minibatch's forward passes are put back for a save of its start."""
-    from jitckpt.module_buffers import BufferSnapshots
+    from jitckpt.worker.module_buffers import BufferSnapshots
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     snapshots = BufferSnapshots()

@@ -13,8 +13,8 @@ WORKER = textwrap.dedent(
     """
     import os, signal, socket, time, multiprocessing as mp
     import torch, torch.distributed as dist
-    from jitckpt.api import runtime
-    rt = runtime()
+    from jitckpt import worker
+    rt = worker.arm()
     assert rt is not None, "runtime not armed"
     dist.init_process_group("gloo")
     t = torch.ones(3)

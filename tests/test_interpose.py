@@ -11,7 +11,7 @@ same sonames, symbol versions and ABI).  These tests check, *on the emulator*:
   with and without the preload, and no JIT event fires in a healthy run;
 * a hang injected into one rank's all-reduce makes the *other* ranks' C
   watchdog raise a JIT event within the timeout, and the save registered
-  through ``jitckpt.interpose`` runs -- also while the main thread holds the
+  through ``jitckpt.native.interposer`` runs -- also while the main thread holds the
   GIL inside a blocking CUDA call (the SIGUSR1 release), and when it enters
   one after the event;
 * device-to-host copies issued by the save on the blocked default stream
@@ -37,7 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from native_toolchain import EMULATOR_BUILD, EMULATOR_ENV, NCCL_WHEEL, REAL_CUDART, REQUIRES_CUDA_TOOLCHAIN, ROOT, build_emulator
+from native_toolchain import (CUDA_HOME, EMULATOR_BUILD, EMULATOR_ENV, NCCL_WHEEL, REAL_CUDART, REQUIRES_CUDA_TOOLCHAIN,
+                              ROOT, build_emulator)
 
 INTERPOSE = ROOT / "interpose"
 LIBRARY = INTERPOSE / "build" / "libjitckpt_interpose.so"
@@ -254,6 +255,83 @@ def test_wrapped_calls_bind_to_the_interposer_and_the_rest_to_the_runtime(progra
     assert bound("ncclCommInitRank") == "libnccl.so.2"
 
 
+# ---- the generated code (interpose/tools/gen_interpose.py) --------------------------
+
+GEN = INTERPOSE / "build" / "gen"
+CUDA_HEADER = CUDA_HOME / "include" / "cuda_runtime_api.h"
+
+
+def version_script(path: Path) -> dict[str, set[str]]:
+    """node -> the names of its global: list."""
+    text = re.sub(r"/\*.*?\*/", "", path.read_text(), flags=re.S)
+    return {node: {name.strip() for name in body.split(";") if name.strip()}
+            for node, body in re.findall(r"([\w.]+)\s*\{\s*global:(.*?)\};", text, flags=re.S)}
+
+
+def api_exports(path: Path) -> dict[str, str | None]:
+    return {n: v for n, v in exports(path).items() if n.startswith(("cuda", "__cuda", "nccl", "pnccl"))}
+
+
+def test_generated_coverage_and_version_script_agree_with_the_exports(library, emulator):
+    ours = exports(library)
+    nodes = version_script(GEN / "interpose.map")
+    assert set(nodes) == {"libcudart.so.13", "JITCKPT_INTERPOSE_1"}
+    assert nodes["libcudart.so.13"] == {n for n, v in ours.items() if v == "libcudart.so.13"}
+    assert nodes["JITCKPT_INTERPOSE_1"] == {"jitckpt_interpose_*"}
+
+    coverage = json.loads((GEN / "coverage.json").read_text())
+    assert coverage["generated_by"] == "interpose/tools/gen_interpose.py -- do not edit"
+    assert coverage["runtime_version_node"] == "libcudart.so.13"
+    functions = coverage["functions"]
+    wrapped = {n for n, f in functions.items() if f["passthrough"] == "wrapped"}
+    assert wrapped == set(api_exports(library)), wrapped ^ set(api_exports(library))
+    for name in wrapped:
+        assert functions[name]["version"] == ours[name], name
+    # The API description covers exactly what the emulator implements.
+    emulated = {**api_exports(emulator / "libcudart.so.13"), **api_exports(emulator / "libnccl.so.2")}
+    assert set(emulated) <= set(functions)
+    assert {n for n, f in functions.items() if f["transparent"]} <= set(emulated)
+    for name, version in emulated.items():
+        row = functions[name]
+        assert row["version"] == version and row["library"] == ("nccl" if "nccl" in name else "cudart"), row
+    assert functions["cudaMalloc"] == {"library": "cudart", "version": "libcudart.so.13",
+                                       "passthrough": "forwarded", "transparent": True}
+    assert functions["ncclAllReduce"]["passthrough"] == "wrapped" and functions["ncclAllReduce"]["transparent"]
+    assert not functions["ncclAllReduceConfig"]["transparent"]  # wrapped, but the emulator lacks it
+
+
+def test_generated_cdef_is_the_control_header_for_cffi(library):
+    import cffi
+
+    cdef = (GEN / "jitckpt_interpose.cdef").read_text()
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    header = (INTERPOSE / "include" / "jitckpt_interpose.h").read_text()
+    version = int(re.search(r"#define JITCKPT_INTERPOSE_API_VERSION (\d+)", header).group(1))
+    constants = ffi.dlopen(None)  # the process itself: only the constants are read, no function
+    assert constants.JITCKPT_INTERPOSE_API_VERSION == version
+    assert (constants.JITCKPT_INTERPOSE_HANG, constants.JITCKPT_INTERPOSE_CUDA_ERROR) == (1, 2)
+    assert ffi.sizeof("struct jitckpt_interpose_counters") == 8 * 12
+    declared = set(re.findall(r"\b(jitckpt_interpose_\w+)\(", cdef))
+    assert declared == {n for n in exports(library) if n.startswith("jitckpt_interpose_")}
+
+
+def test_generator_names_a_fact_the_header_does_not_declare(tmp_path):
+    """A function of the facts table missing from cuda_runtime_api.h stops the build, naming it."""
+    assert NCCL_WHEEL is not None
+    header = tmp_path / "cuda_runtime_api.h"
+    header.write_text("".join(line for line in CUDA_HEADER.read_text().splitlines(keepends=True)
+                              if "CUDARTAPI cudaEventQuery(" not in line))
+    out = tmp_path / "gen"
+    proc = subprocess.run([sys.executable, str(INTERPOSE / "tools" / "gen_interpose.py"),
+                           "--cuda-header", str(header), "--nccl-header", str(NCCL_WHEEL / "include" / "nccl.h"),
+                           "--control-header", str(INTERPOSE / "include" / "jitckpt_interpose.h"),
+                           "--out", str(out)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "cudaEventQuery" in proc.stderr and "api_facts.py" in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
 # ---- passthrough -----------------------------------------------------------------
 
 
@@ -309,13 +387,13 @@ def test_malformed_settings_stop_the_program_with_a_clear_message(library):
 
 
 def test_python_binding_is_inert_without_the_preload():
-    from jitckpt import interpose
+    from jitckpt.native import interposer as interpose
 
     assert not interpose.is_loaded()  # pytest itself runs without LD_PRELOAD
     assert interpose.install(on_jit_event=lambda reason, detail: None) is False
     assert interpose.in_flight_events() == []
     assert interpose.timeout() is None
-    assert set(interpose.counters().values()) == {0}
+    assert interpose.counters() == {}
     interpose.save_in_progress(True)
     interpose.set_timeout(5)
     with pytest.raises(ValueError):

@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 def _launch_node(tmp_path: Path, name: str, port: int, fault: str = "", train_args: list[str] | None = None) -> subprocess.Popen:
     """One node: jit-run with its own torchrun agent (2 workers) in a 2-node c10d rendezvous on ``port``."""
-    cmd = [sys.executable, "-m", "jitckpt.cli", "--checkpoint-dir", str(tmp_path / "ckpt"), "--hang-timeout", "3",
+    cmd = [sys.executable, "-m", "jitckpt", "--checkpoint-dir", str(tmp_path / "ckpt"), "--hang-timeout", "3",
            "--save-grace", "30", "--report", str(tmp_path / f"{name}-report.json")]
     if fault:
         cmd += ["--fault", fault]

@@ -1,4 +1,4 @@
-"""Tests of the failure-cost model (jitckpt.cost_model) and `jit-run plan` (jitckpt.plan).
+"""Tests of the failure-cost model (jitckpt.plan.cost_model, jitckpt.plan.monte_carlo) and `jit-run plan`.
 
 Expected values come from the figures printed in the paper (Gupta et al.,
 "Just-In-Time Checkpointing", EuroSys'24: Table 4 inputs, Table 8 outputs,
@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jitckpt import cost_model, plan
+from jitckpt import plan
+from jitckpt.plan import cost_model, monte_carlo
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SECONDS_PER_DAY = 86400.0
@@ -207,22 +208,27 @@ def test_periodic_equation_1_minimum_is_c_star() -> None:
 
 
 @pytest.mark.parametrize(
-    "call",
+    "call,message",
     [
-        lambda: cost_model.optimal_frequency_per_hour(0, 1e-3, 5.0),
-        lambda: cost_model.optimal_frequency_per_hour(8, -1e-3, 5.0),
-        lambda: cost_model.optimal_frequency_per_hour(8, 1e-3, 0.0),
-        lambda: cost_model.wasted_fraction_periodic(8, 1e-3, 5.0, float("nan")),
-        lambda: cost_model.wasted_fraction_jit_user(8, 1e-3, 5.0, 1.0, 0.4, jit_overhead=-0.1),
-        lambda: cost_model.wasted_fraction_jit_transparent(8, 1e-3, 0.0),
-        lambda: cost_model.simulate(8, 1e-3, 5.0, 1.0, 0.4, days=0.0),
-        lambda: cost_model.simulate(8, 1e-3, 5.0, 1.0, 0.4, days=1.0, trials=0),
-        lambda: cost_model.simulate(8, 1e-3, 5.0, 1.0, 0.4, days=1.0, weibull_shape=-1.0),
+        (lambda: cost_model.optimal_frequency_per_hour(0, 1e-3, 5.0), "number of GPUs must be a whole number >= 1"),
+        (lambda: cost_model.optimal_frequency_per_hour(8.0, 1e-3, 5.0), "number of GPUs must be a whole number"),
+        (lambda: cost_model.optimal_frequency_per_hour(8, -1e-3, 5.0), "failure rate must be a finite number > 0"),
+        (lambda: cost_model.optimal_frequency_per_hour(8, 1e-3, 0.0), "checkpoint cost must be a finite number > 0"),
+        (lambda: cost_model.wasted_fraction_periodic(8, 1e-3, 5.0, float("nan")), "restore cost must be"),
+        (lambda: cost_model.wasted_fraction_jit_user(8, 1e-3, 5.0, 1.0, 0.4, jit_overhead=-0.1),
+         "JIT overhead must be a finite number >= 0 and < 1"),
+        (lambda: cost_model.wasted_fraction_jit_transparent(8, 1e-3, 0.0), "minibatch time must be"),
+        (lambda: cost_model.wasted_fraction(float("inf")), "wasted time per unit time must be a finite number >= 0"),
+        (lambda: monte_carlo.simulate(8, 1e-3, 5.0, 1.0, 0.4, days=0.0), "training length (days) must be"),
+        (lambda: monte_carlo.simulate(8, 1e-3, 5.0, 1.0, 0.4, days=1.0, trials=0), "trials must be a whole number >= 1"),
+        (lambda: monte_carlo.simulate(8, 1e-3, 5.0, 1.0, 0.4, days=1.0, weibull_shape=-1.0), "Weibull shape must be"),
     ],
 )
-def test_cost_model_rejects_nonsense(call) -> None:
-    with pytest.raises(ValueError):
+def test_cost_model_rejects_nonsense(call, message: str) -> None:
+    """Every parameter goes through jitckpt.validate, whose message names it and the accepted range."""
+    with pytest.raises(ValueError) as caught:
         call()
+    assert message in str(caught.value)
 
 
 # --------------------------------------------------------------------------
@@ -261,7 +267,7 @@ def test_monte_carlo_exponential_matches_closed_form() -> None:
       transparent X = N U(0, m):        E[X^2] = N^2 m^2 / 3
     4 standard errors: a false alarm about once in 16000 runs of this test.
     """
-    result = cost_model.simulate(MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, trials=MC_TRIALS, seed=1)
+    result = monte_carlo.simulate(MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, trials=MC_TRIALS, seed=1)
     n, f, length = MC_N, F_PAPER / SECONDS_PER_DAY, MC_DAYS * SECONDS_PER_DAY
     lam = n * f * length
     tau = 1.0 / math.sqrt(n * f / (2 * MC_O))
@@ -294,7 +300,7 @@ def test_monte_carlo_weibull_matches_closed_form(shape: float) -> None:
     stationary (a job starting with 'fresh' Weibull clocks at k = 0.5 would
     see ~2 extra failures per run, about 5 standard errors).
     """
-    result = cost_model.simulate(
+    result = monte_carlo.simulate(
         MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, trials=MC_TRIALS, seed=2, weibull_shape=shape
     )
     expected = _closed_form_gpu_hours()
@@ -313,17 +319,17 @@ def test_monte_carlo_weibull_shape_changes_spread() -> None:
     CV^2 = Gamma(1+2/k)/Gamma(1+1/k)^2 - 1: 5 for k = 0.5, 0.27 for k = 2.
     """
     common = dict(trials=MC_TRIALS, seed=3)
-    exp = cost_model.simulate(MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, **common)
-    bursty = cost_model.simulate(MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, weibull_shape=0.5, **common)
-    regular = cost_model.simulate(MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, weibull_shape=2.0, **common)
+    exp = monte_carlo.simulate(MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, **common)
+    bursty = monte_carlo.simulate(MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, weibull_shape=0.5, **common)
+    regular = monte_carlo.simulate(MC_N, F_PAPER, MC_O, MC_R, MC_M, MC_DAYS, weibull_shape=2.0, **common)
     assert bursty.jit_user.std > 1.6 * exp.jit_user.std  # sqrt(5) ~ 2.2 expected
     assert regular.jit_user.std < 0.7 * exp.jit_user.std  # sqrt(0.27) ~ 0.52 expected
 
 
 def test_monte_carlo_seed_reproducible() -> None:
-    a = cost_model.simulate(256, F_PAPER, MC_O, MC_R, MC_M, 10.0, trials=300, seed=7, weibull_shape=0.7)
-    b = cost_model.simulate(256, F_PAPER, MC_O, MC_R, MC_M, 10.0, trials=300, seed=7, weibull_shape=0.7)
-    c = cost_model.simulate(256, F_PAPER, MC_O, MC_R, MC_M, 10.0, trials=300, seed=8, weibull_shape=0.7)
+    a = monte_carlo.simulate(256, F_PAPER, MC_O, MC_R, MC_M, 10.0, trials=300, seed=7, weibull_shape=0.7)
+    b = monte_carlo.simulate(256, F_PAPER, MC_O, MC_R, MC_M, 10.0, trials=300, seed=7, weibull_shape=0.7)
+    c = monte_carlo.simulate(256, F_PAPER, MC_O, MC_R, MC_M, 10.0, trials=300, seed=8, weibull_shape=0.7)
     np.testing.assert_array_equal(a.periodic.samples_gpu_hours, b.periodic.samples_gpu_hours)
     np.testing.assert_array_equal(a.failures, b.failures)
     assert not np.array_equal(a.periodic.samples_gpu_hours, c.periodic.samples_gpu_hours)
@@ -337,7 +343,7 @@ def test_monte_carlo_without_failures_only_pays_overheads() -> None:
     periodic checkpoint either, so periodic waste is exactly 0; JIT waste is
     N * L * o_jit = 2 * 86400 * 0.001 s = 0.048 GPU-hours.
     """
-    result = cost_model.simulate(2, 1e-9, 5.0, 10.0, 1.0, 1.0, trials=50, jit_overhead=0.001)
+    result = monte_carlo.simulate(2, 1e-9, 5.0, 10.0, 1.0, 1.0, trials=50, jit_overhead=0.001)
     assert (result.failures == 0).all()
     assert (result.periodic.samples_gpu_hours == 0).all()
     np.testing.assert_allclose(result.jit_user.samples_gpu_hours, 0.048, rtol=1e-12)
@@ -351,11 +357,12 @@ def test_monte_carlo_without_failures_only_pays_overheads() -> None:
 BERT_ARGS = ["--checkpoint-cost", "5", "--restore-cost", "9.9", "--minibatch", "0.418", "--failure-rate", "0.002"]
 
 
-def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _run_cli(*args: str, command: tuple[str, ...] = ("jitckpt.plan",)) -> subprocess.CompletedProcess[str]:
+    """`python -m jitckpt.plan ARGS` in a fresh process (``command``: another way in, such as jit-run's)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return subprocess.run(
-        [sys.executable, "-m", "jitckpt.cli", "plan", *args],
+        [sys.executable, "-m", *command, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -419,24 +426,28 @@ def test_cli_transparent_overhead_flag() -> None:
     [
         (["--gpus", "", *BERT_ARGS], "--gpus"),
         (["--gpus", "4,,8", *BERT_ARGS], "--gpus"),
-        (["--gpus", "0", *BERT_ARGS], "positive"),
-        (["--gpus", "-8", *BERT_ARGS], "positive"),
-        (["--gpus", "eight", *BERT_ARGS], "not a whole number"),
-        (["--gpus", "8", *BERT_ARGS[:-1], "-0.002"], "--failure-rate: must be > 0"),
-        (["--gpus", "8", *BERT_ARGS[:-1], "0"], "--failure-rate: must be > 0"),
-        (["--gpus", "8", *BERT_ARGS[:-1], "often"], "--failure-rate: 'often' is not a number"),
-        (["--gpus", "8", *BERT_ARGS[:-1], "inf"], "--failure-rate"),
-        (["--gpus", "8", "--checkpoint-cost", "-5", *BERT_ARGS[2:]], "--checkpoint-cost: must be > 0"),
-        (["--gpus", "8", "--checkpoint-cost", "0", *BERT_ARGS[2:]], "--checkpoint-cost: must be > 0"),
-        (["--gpus", "8", *BERT_ARGS, "--jit-overhead", "2"], "--jit-overhead"),
+        (["--gpus", "0", *BERT_ARGS], "--gpus: each GPU count must be a whole number >= 1, got '0'"),
+        (["--gpus", "-8", *BERT_ARGS], "--gpus: each GPU count must be a whole number >= 1, got '-8'"),
+        (["--gpus", "eight", *BERT_ARGS], "each GPU count must be a whole number >= 1, got 'eight'"),
+        (["--gpus", "8,eight", *BERT_ARGS], "got 'eight' (in '8,eight')"),
+        (["--gpus", "8", *BERT_ARGS[:-1], "-0.002"], "--failure-rate: must be a finite number > 0, got '-0.002'"),
+        (["--gpus", "8", *BERT_ARGS[:-1], "0"], "--failure-rate: must be a finite number > 0"),
+        (["--gpus", "8", *BERT_ARGS[:-1], "often"], "--failure-rate: must be a finite number > 0, got 'often'"),
+        (["--gpus", "8", *BERT_ARGS[:-1], "inf"], "--failure-rate: must be a finite number > 0, got 'inf'"),
+        (["--gpus", "8", "--checkpoint-cost", "-5", *BERT_ARGS[2:]], "--checkpoint-cost: must be a finite number > 0"),
+        (["--gpus", "8", "--checkpoint-cost", "0", *BERT_ARGS[2:]], "--checkpoint-cost: must be a finite number > 0"),
+        (["--gpus", "8", *BERT_ARGS, "--jit-overhead", "2"],
+         "--jit-overhead: must be a finite number >= 0 and < 1, got '2' (a fraction: 0.001 for 0.1%)"),
         (["--gpus", "8", *BERT_ARGS, "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["--gpus", "8", *BERT_ARGS, "--gpu", "9"], "unrecognized arguments"),
         (["--gpus", "8", "--failure-rate", "0.002"], "--checkpoint-cost"),
         (["--checkpoint-cost", "5", "--failure-rate", "0.002"], "--gpus"),
         (["--gpus", "8", *BERT_ARGS, "--days", "30"], "--days only applies together with --monte-carlo"),
         (["--gpus", "8", *BERT_ARGS, "--monte-carlo"], "--monte-carlo needs --days"),
-        (["--gpus", "8", *BERT_ARGS, "--monte-carlo", "--days", "-1"], "--days: must be > 0"),
-        (["--gpus", "8", *BERT_ARGS, "--monte-carlo", "--days", "1", "--trials", "2.5"], "--trials"),
+        (["--gpus", "8", *BERT_ARGS, "--monte-carlo", "--days", "-1"], "--days: must be a finite number > 0"),
+        (["--gpus", "8", *BERT_ARGS, "--monte-carlo", "--days", "1", "--trials", "2.5"],
+         "--trials: must be a whole number >= 1, got '2.5'"),
+        (["--gpus", "8", *BERT_ARGS, "--monte-carlo", "--days", "1", "--seed", "-1"], "--seed: must be a whole number >= 0"),
         (["--gpus", "8", *BERT_ARGS, "--monte-carlo", "--days", "1", "--weibull-shape", "0"], "--weibull-shape"),
     ],
 )
@@ -450,10 +461,12 @@ def test_cli_rejects_nonsense(args: list[str], message: str) -> None:
     assert proc.stdout == ""
 
 
-def test_cli_help_documents_flags() -> None:
+@pytest.mark.parametrize("command", [("jitckpt.plan",), ("jitckpt.launch.cli", "plan")])
+def test_cli_help_documents_flags(command: tuple[str, ...]) -> None:
+    """`python -m jitckpt.plan --help` and `jit-run plan --help` (jit-run dispatches to jitckpt.plan.main)."""
     status, _ = _run_main("--help")
     assert status == 0
-    proc = _run_cli("--help")
+    proc = _run_cli("--help", command=command)
     assert proc.returncode == 0
     for flag in ("--gpus", "--failure-rate", "--from-report", "--monte-carlo", "--days", "--trials",
                  "--weibull-shape", "--seed", "--plot", "--jit-overhead", "--json"):
@@ -510,9 +523,9 @@ def test_from_report_flags_override_and_null_values(tmp_path: Path) -> None:
         ("{not json", "not valid JSON"),
         ("[1, 2]", "no 'summary' object"),
         ('{"summary": {"checkpoint_cost_seconds": -5, "restore_cost_seconds": 1, "minibatch_seconds": 1}}',
-         "summary.checkpoint_cost_seconds must be a positive number"),
+         "summary.checkpoint_cost_seconds must be a finite number > 0, got -5; pass --checkpoint-cost S"),
         ('{"summary": {"checkpoint_cost_seconds": "5", "restore_cost_seconds": 1, "minibatch_seconds": 1}}',
-         "summary.checkpoint_cost_seconds must be a positive number"),
+         "summary.checkpoint_cost_seconds must be a JSON number, got '5'; pass --checkpoint-cost S"),
         ('{"summary": {"restore_cost_seconds": 1, "minibatch_seconds": 1}}', "pass --checkpoint-cost"),
     ],
 )

@@ -1,10 +1,12 @@
 /* interpose.h -- internal declarations shared by the files of
  * libjitckpt_interpose.so, the passthrough interposition library.
  *
- * Every wrapper compiles against NVIDIA's headers (cuda_runtime_api.h and the
- * nvidia-nccl-cu13 wheel's nccl.h), so a signature that differs from the real
- * one is a compile error.  Everything declared here is internal: the library
- * is built with -fvisibility=hidden and only EXPORT symbols are dynamic.
+ * The entry points are generated (tools/gen_interpose.py, into build/gen/);
+ * their bodies are the hooks of hooks.h.  Everything compiles against
+ * NVIDIA's headers (cuda_runtime_api.h and the nvidia-nccl-cu13 wheel's
+ * nccl.h), so a signature that differs from the real one is a compile error.
+ * Everything declared here is internal: the library is built with
+ * -fvisibility=hidden and only EXPORT symbols are dynamic.
  *
  * Concurrency model, in one paragraph: the hot paths (cudaEventRecord,
  * cudaStreamWaitEvent, NCCL calls, copies, launches) take no lock and
@@ -83,63 +85,10 @@ static inline void *forward_fn(struct next_sym *sym)
     void *fn = atomic_load_explicit(&sym->fn, memory_order_acquire);
     return likely(fn != NULL) ? fn : forward_resolve(sym);
 }
-/* Every next symbol the library uses, named next_<function> (defined in forward.c). */
-/* CUDA runtime (version node JITCKPT_CUDART_SONAME) */
-extern struct next_sym next_cudaEventRecord;
-extern struct next_sym next_cudaEventRecordWithFlags;
-extern struct next_sym next_cudaStreamWaitEvent;
-extern struct next_sym next_cudaEventSynchronize;
-extern struct next_sym next_cudaEventDestroy;
-extern struct next_sym next_cudaStreamDestroy;
-extern struct next_sym next_cudaStreamSynchronize;
-extern struct next_sym next_cudaDeviceSynchronize;
-extern struct next_sym next_cudaMemcpy;
-extern struct next_sym next_cudaMemcpyAsync;
-extern struct next_sym next_cudaMemcpy2D;
-extern struct next_sym next_cudaMemcpy2DAsync;
-extern struct next_sym next_cudaMemset;
-extern struct next_sym next_cudaMemsetAsync;
-extern struct next_sym next_cudaLaunchKernel;
-extern struct next_sym next___cudaLaunchKernel;
-extern struct next_sym next_cudaLaunchKernelExC;
-extern struct next_sym next_cudaEventQuery;
-extern struct next_sym next_cudaGetDevice;
-extern struct next_sym next_cudaSetDevice;
-extern struct next_sym next_cudaStreamCreateWithFlags;
-extern struct next_sym next_cudaStreamGetFlags;
-extern struct next_sym next_cudaEventRecord_ptsz;
-extern struct next_sym next_cudaEventRecordWithFlags_ptsz;
-extern struct next_sym next_cudaStreamWaitEvent_ptsz;
-extern struct next_sym next_cudaStreamSynchronize_ptsz;
-extern struct next_sym next_cudaMemcpy_ptds;
-extern struct next_sym next_cudaMemcpyAsync_ptsz;
-extern struct next_sym next_cudaMemcpy2D_ptds;
-extern struct next_sym next_cudaMemcpy2DAsync_ptsz;
-extern struct next_sym next_cudaMemset_ptds;
-extern struct next_sym next_cudaMemsetAsync_ptsz;
-extern struct next_sym next_cudaLaunchKernel_ptsz;
-extern struct next_sym next___cudaLaunchKernel_ptsz;
-extern struct next_sym next_cudaLaunchKernelExC_ptsz;
-/* NCCL (unversioned) */
-extern struct next_sym next_ncclAllReduce;
-extern struct next_sym next_ncclBroadcast;
-extern struct next_sym next_ncclBcast;
-extern struct next_sym next_ncclReduce;
-extern struct next_sym next_ncclAllGather;
-extern struct next_sym next_ncclReduceScatter;
-extern struct next_sym next_ncclAlltoAll;
-extern struct next_sym next_ncclGather;
-extern struct next_sym next_ncclScatter;
-extern struct next_sym next_ncclSend;
-extern struct next_sym next_ncclRecv;
-extern struct next_sym next_ncclAllReduceConfig;
-extern struct next_sym next_ncclBroadcastConfig;
-extern struct next_sym next_ncclReduceConfig;
-extern struct next_sym next_ncclAllGatherConfig;
-extern struct next_sym next_ncclReduceScatterConfig;
-extern struct next_sym next_ncclAlltoAllConfig;
-extern struct next_sym next_ncclGatherConfig;
-extern struct next_sym next_ncclScatterConfig;
+/* next_<function> for every function the library wraps, needs or looks up,
+ * and the prototypes no header declares: generated from the facts table
+ * (tools/api_facts.py) into build/gen/next_syms.h. */
+#include "next_syms.h"
 
 /* ---- streams ------------------------------------------------------------- */
 /* A stream handle with 0 made explicit: cudaStreamLegacy, or

@@ -11,7 +11,7 @@ it, cudaStreamWaitEvent of the legacy default stream (PyTorch's default
 compute stream) on that event, a copy back on the default stream, and a host
 wait.  With JITCKPT_SIMDEV_FAULT=rank=1,op=ncclAllReduce,call=3,kind=hang the
 third round never completes on any rank; the interposer's watchdog must raise
-a JIT event and call the save registered with jitckpt.interpose.install().
+a JIT event and call the save registered with jitckpt.native.interposer.install().
 
 How the main thread waits (argv[1]):
   release  cudaStreamSynchronize through ctypes.CDLL (releases the GIL)
@@ -20,8 +20,8 @@ How the main thread waits (argv[1]):
   late     the main thread is in Python when the JIT event comes; once the
            save has started it calls cudaStreamSynchronize through PyDLL,
            holding the GIL: the interposer must park it at the call
-  runtime  as hold, with a stand-in for the jit-run runtime installed as
-           jitckpt.api's runtime: the callback must call its trigger(), which
+  runtime  as hold, with a stand-in for the jit-run runtime registered with
+           install_runtime_handler: the callback must call its trigger(), which
            saves on a Python thread of its own, as JitRuntime.trigger does
 
 The save copies the parameters back with cudaMemcpy (device to host, on the
@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 
-from jitckpt import interpose
+from jitckpt.native import interposer as interpose
 
 N = 1024
 ROUNDS = 3
@@ -180,7 +180,7 @@ def save(reason: str, detail: str) -> None:
 
 
 class StandInRuntime:
-    """What jitckpt.interpose needs of JitRuntime: trigger() saves on a new thread, then exits."""
+    """What the interposer binding needs of JitRuntime: trigger() saves on a new thread, then exits."""
 
     def __init__(self) -> None:
         self.triggers: list[tuple[str, str]] = []
@@ -197,10 +197,8 @@ class StandInRuntime:
 assert interpose.is_loaded(), "run me with LD_PRELOAD=libjitckpt_interpose.so"
 timeout = os.environ.get("DRIVER_TIMEOUT")
 if mode == "runtime":
-    from jitckpt import api
-
-    api._runtime = StandInRuntime()
     interpose.install(on_jit_event=None, timeout=float(timeout) if timeout else None)
+    interpose.install_runtime_handler(StandInRuntime().trigger)
 else:
     interpose.install(on_jit_event=save, exit_code=SAVED_EXIT, timeout=float(timeout) if timeout else None)
 

@@ -1,0 +1,98 @@
+"""The training job of ``train_mlp.py``, without jitckpt: model, data, one optimizer step, checksum.
+
+``train_mlp.py`` adds jitckpt's two calls, the loop and its logging; the
+benchmarks (``benchmarks/workload.py``) add their timing around the same
+functions, and the periodic-checkpoint baseline uses them without jitckpt,
+which is why nothing here imports it.
+
+Determinism: every batch is a pure function of (seed, step, micro-batch,
+rank), the initial model is drawn from ``--seed`` on every rank, and each
+rank then seeds the global generator it draws its dropout masks from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+INPUT_DIM = 32
+
+
+def add_job_args(p: argparse.ArgumentParser) -> None:
+    """The flags of the job itself (size, data, seeds), with ``train_mlp.py``'s defaults."""
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps (minibatches)")
+    p.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step (gradient accumulation)")
+    p.add_argument("--batch", type=int, default=16, help="samples per micro-batch per rank")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--batchnorm", action="store_true", help="BatchNorm after each hidden layer (running statistics are buffers)")
+
+
+def make_model(args: argparse.Namespace) -> nn.Module:
+    def norm() -> list[nn.Module]:
+        return [nn.BatchNorm1d(args.hidden)] if args.batchnorm else []
+
+    layers: list[nn.Module] = [nn.Linear(INPUT_DIM, args.hidden), *norm(), nn.GELU(), nn.Dropout(args.dropout)]
+    for _ in range(args.layers - 1):
+        layers += [nn.Linear(args.hidden, args.hidden), *norm(), nn.GELU(), nn.Dropout(args.dropout)]
+    layers.append(nn.Linear(args.hidden, 1))
+    return nn.Sequential(*layers)
+
+
+def build(args: argparse.Namespace, rank: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """Model, Adam and StepLR; call after ``init_process_group``, before wrapping the model in DDP."""
+    torch.manual_seed(args.seed)  # same initial model on every rank
+    model = make_model(args)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
+    torch.manual_seed(args.seed + 1 + rank)  # each rank draws its own dropout masks
+    return model, optimizer, scheduler
+
+
+def batch(args: argparse.Namespace, step: int, micro: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data for (step, micro-batch, rank): independent of every global RNG."""
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + micro * 101 + rank)
+    x = torch.randn(args.batch, INPUT_DIM, generator=g)
+    y = (x[:, :4].sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(args.batch, 1, generator=g))
+    return x, y
+
+
+def train_step(
+    args: argparse.Namespace,
+    ddp: DDP,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    step: int,
+    rank: int,
+) -> torch.Tensor:
+    """Minibatch ``step``: ``args.accum`` micro-batches (all-reduce on the last), then the optimizer step.
+
+    Returns the last micro-batch's loss (divided by ``args.accum``).  The
+    scheduler is the caller's to step.
+    """
+    for micro in range(args.accum):
+        x, y = batch(args, step, micro, rank)
+        if micro < args.accum - 1:
+            with ddp.no_sync():
+                (loss_fn(ddp(x), y) / args.accum).backward()
+        else:
+            loss = loss_fn(ddp(x), y) / args.accum
+            loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def parameters_sha256(model: nn.Module) -> str:
+    """SHA-256 of the state dict (parameters and buffers), in name order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()

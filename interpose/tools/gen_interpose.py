@@ -1,0 +1,424 @@
+#!/usr/bin/env python3
+"""Generate the passthrough parts of libjitckpt_interpose.so from NVIDIA's headers.
+
+Inputs: the real ``cuda_runtime_api.h`` and ``nccl.h`` (prototypes, and the
+``_ptsz``/``_ptds`` names from the header's ``__CUDART_API_PTDS``/``_PTSZ``
+lines), the facts table beside this file (``api_facts.py``: what the headers
+cannot say), the control header ``include/jitckpt_interpose.h``, and the CPU
+device emulator's ``libcudart.so.13`` and ``libnccl.so.2`` (their defined
+dynamic symbols, read with ``nm -D``: the API that transparent mode covers).
+
+Outputs, in OUT (every file opens with a "do not edit" banner; none is
+committed):
+
+  next_syms.h, next_syms.c  the next definition of every function the library
+                            wraps, needs, or looks up (``next_<name>``), and the
+                            prototypes no header declares
+  cuda_entry.c              the CUDA runtime entry points, plain flavour
+  cuda_entry_ptsz.c         their ``_ptsz``/``_ptds`` twins
+  nccl_entry.c              the NCCL entry points
+  interpose.map             the linker version script
+  coverage.json             every CUDA runtime and NCCL function the API
+                            description covers (read by ``jit-run doctor``)
+  jitckpt_interpose.cdef    the control interface, for cffi's ``ffi.cdef()``
+
+Every entry point fetches the real function and makes one call into a
+hand-written hook of ``src/hooks.h``.  The entry points compile against the
+real headers, so a prototype read wrongly here is a compile error.
+
+Usage (run by interpose/Makefile):
+
+    gen_interpose.py --cuda-header H --nccl-header H --control-header H \
+        --emulator-lib LIB [--emulator-lib LIB] [--cudart-soname libcudart.so.13] --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.dont_write_bytecode = True  # keep the source tree clean
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from api_facts import FACTS, Fact  # noqa: E402
+
+GENERATOR = "interpose/tools/gen_interpose.py"
+CONTROL_NODE = "JITCKPT_INTERPOSE_1"
+CUDART, NCCL = "cudart", "nccl"
+NOT_FOUND = {CUDART: "cudaErrorSharedObjectSymbolNotFound", NCCL: "ncclSystemError"}
+
+
+class GenError(Exception):
+    """A fact, header or library the generator cannot work with; the message names it."""
+
+
+# ---- parsing the headers -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Param:
+    type: str      # normalised, e.g. "const void *"
+    name: str
+
+    def decl(self) -> str:
+        return f"{self.type}{self.name}" if self.type.endswith("*") else f"{self.type} {self.name}"
+
+
+@dataclass(frozen=True)
+class Proto:
+    ret: str
+    name: str
+    params: tuple[Param, ...]
+
+    def renamed(self, name: str) -> "Proto":
+        return Proto(self.ret, name, self.params)
+
+    def decl(self) -> str:
+        params = ", ".join(p.decl() for p in self.params) or "void"
+        return f"{self.ret} {self.name}({params})"
+
+
+def strip_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", " ", text)
+
+
+def normalize_type(text: str) -> str:
+    text = " ".join(text.split())
+    text = re.sub(r"\s*\*\s*", "*", text)
+    return re.sub(r"(\w)\*", r"\1 *", text)
+
+
+def split_top(text: str) -> list[str]:
+    """Splits a parameter list at the commas outside parentheses."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p.strip() for p in parts]
+
+
+def parse_params(text: str, where: str) -> tuple[Param, ...] | None:
+    """The parameters of a prototype; None if one has no name (e.g. a function pointer)."""
+    text = re.sub(r"__dv\s*\([^()]*\)", "", text)
+    params = []
+    for raw in split_top(text):
+        raw = raw.split("=")[0].strip()       # C++ default arguments
+        if raw in ("", "void"):
+            continue
+        m = re.fullmatch(r"(.*?[\s*])(\w+)\s*(\[\w*\])?", raw, flags=re.S)
+        if not m or "(" in raw or not m.group(1).strip():
+            return None
+        type_ = normalize_type(m.group(1) + ("*" if m.group(3) else ""))
+        params.append(Param(type_, m.group(2)))
+    return tuple(params)
+
+
+def parse_cuda_header(path: Path) -> tuple[dict[str, Proto], dict[str, str]]:
+    """(prototypes by name, per-thread twin by plain name) of cuda_runtime_api.h."""
+    source = path.read_text(encoding="utf-8", errors="replace")
+    text = strip_comments(source)
+    protos: dict[str, Proto] = {}
+    decl = re.compile(r"\bextern\s+([\w\s*]+?)\bCUDARTAPI\s+(\w+)\s*\(([^;{}]*)\)\s*;", re.S)
+    for m in decl.finditer(text):
+        ret = " ".join(t for t in m.group(1).split() if not t.startswith("__"))
+        params = parse_params(m.group(3), m.group(2))
+        if params is not None and m.group(2) not in protos:
+            protos[m.group(2)] = Proto(normalize_type(ret), m.group(2), params)
+    # "#define __CUDART_API_PTDS(api) api ## _ptds" (the per-thread definition of the macro)
+    suffix = dict(re.findall(r"#\s*define\s+__CUDART_API_(PTDS|PTSZ)\s*\(\s*api\s*\)\s*api\s*##\s*(\w+)", text))
+    if set(suffix) != {"PTDS", "PTSZ"}:
+        raise GenError(f"{path}: no '#define __CUDART_API_PTDS(api) api ## _ptds' lines; header format changed?")
+    twins = {}
+    for name, kind, arg in re.findall(r"#\s*define\s+(\w+)\s+__CUDART_API_(PTDS|PTSZ)\s*\(\s*(\w+)\s*\)", text):
+        if name == arg:
+            twins[name] = name + suffix[kind]
+    if len(protos) < 200 or len(twins) < 20:
+        raise GenError(f"{path}: only {len(protos)} prototypes and {len(twins)} per-thread names parsed; "
+                       f"header format changed?")
+    return protos, twins
+
+
+def parse_nccl_header(path: Path) -> dict[str, Proto]:
+    text = strip_comments(path.read_text(encoding="utf-8", errors="replace"))
+    text = re.sub(r"__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)", " ", text)
+    protos: dict[str, Proto] = {}
+    decl = re.compile(r"^[ \t]*((?:const\s+)?\w+(?:\s*\*)*)\s*\b(p?nccl\w+)\s*\(([^;{}]*)\)\s*;", re.S | re.M)
+    for m in decl.finditer(text):
+        params = parse_params(m.group(3), m.group(2))
+        if params is not None and m.group(2) not in protos:
+            protos[m.group(2)] = Proto(normalize_type(m.group(1)), m.group(2), params)
+    if len(protos) < 40:
+        raise GenError(f"{path}: only {len(protos)} NCCL prototypes parsed; header format changed?")
+    return protos
+
+
+def parse_prototype(text: str, name: str) -> Proto:
+    m = re.fullmatch(r"\s*([\w\s*]+?)\s*\b(\w+)\s*\((.*)\)\s*;?\s*", text, flags=re.S)
+    params = parse_params(m.group(3), name) if m else None
+    if not m or m.group(2) != name or params is None:
+        raise GenError(f"{name}: the facts table's prototype does not parse: {text!r}")
+    return Proto(normalize_type(m.group(1)), name, params)
+
+
+# ---- the API description: headers + facts --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str                    # plain name
+    library: str                 # CUDART or NCCL
+    proto: Proto
+    fact: Fact
+    twin: str                    # per-thread-default-stream twin, or ""
+
+    def flavours(self) -> list[tuple[str, int]]:
+        """(exported name, ptds) of each default-stream flavour."""
+        return [(self.name, 0)] + ([(self.twin, 1)] if self.twin else [])
+
+
+def describe(cuda_header: Path, nccl_header: Path, facts: dict[str, Fact]) -> dict[str, Function]:
+    """Every function the facts table names, with its prototype; GenError naming any the headers lack."""
+    cuda, twins = parse_cuda_header(cuda_header)
+    nccl = parse_nccl_header(nccl_header)
+    functions = {}
+
+    def header_path(library: str) -> Path:
+        return nccl_header if library == NCCL else cuda_header
+
+    for name, fact in facts.items():
+        library = NCCL if name.startswith(("nccl", "pnccl")) else CUDART
+        header = nccl if library == NCCL else cuda
+        if fact.prototype:
+            if name in header:
+                raise GenError(f"{name}: the facts table gives a prototype, but {header_path(library)} declares one")
+            proto = parse_prototype(fact.prototype, name)
+            twin = fact.per_thread
+        elif name in header:
+            proto, twin = header[name], twins.get(name, "")
+        else:
+            raise GenError(f"{name}: in the facts table (interpose/tools/api_facts.py) but not declared by "
+                           f"{header_path(library)}")
+        check_fact(name, proto, fact)
+        functions[name] = Function(name, library, proto, fact, twin)
+    for function in functions.values():
+        for other in function.fact.needs:
+            if other not in functions:
+                raise GenError(f"{function.name}: needs {other}, which is not in the facts table")
+    return functions
+
+
+def check_fact(name: str, proto: Proto, fact: Fact) -> None:
+    params = {p.name for p in proto.params}
+    named = [*fact.before_args, *fact.handles, *fact.creates, *fact.destroys, *fact.outputs, *fact.log_bytes]
+    unknown = [p for p in named if p not in params]
+    if unknown:
+        raise GenError(f"{name}: the facts table names parameters {unknown} that {proto.decl()} does not have")
+    if fact.hook and fact.before:
+        raise GenError(f"{name}: a fact has either a hook or a before-hook, not both")
+    if fact.lookup and fact.wrapped:
+        raise GenError(f"{name}: a looked-up function is not wrapped")
+    if fact.needs and not fact.hook:
+        raise GenError(f"{name}: only a hook receives the functions it needs")
+    if fact.per_thread and not fact.prototype:
+        raise GenError(f"{name}: per_thread goes with prototype; the header names the twins of the others")
+
+
+def next_symbols(functions: dict[str, Function]) -> list[tuple[str, str]]:
+    """(name, library) of every next_<name> the library uses, wrapped flavours first."""
+    out: dict[str, str] = {}
+    for f in functions.values():
+        if f.fact.wrapped:
+            for name, ptds in f.flavours():
+                out[name] = f.library
+                for other in f.fact.needs:
+                    out[flavour(functions[other], ptds)] = functions[other].library
+    for f in functions.values():
+        if f.fact.lookup:
+            out[f.name] = f.library
+    return list(out.items())
+
+
+def flavour(function: Function, ptds: int) -> str:
+    return function.twin if ptds and function.twin else function.name
+
+
+# ---- writing ------------------------------------------------------------------------
+
+
+def banner(what: str, inputs: list[Path]) -> str:
+    names = ", ".join(p.name for p in inputs)
+    return (f"/* Generated by {GENERATOR} from {names} -- do not edit.\n"
+            f" * {what} */\n")
+
+
+def entry_point(function: Function, name: str, ptds: int, functions: dict[str, Function]) -> str:
+    """One exported entry point: fetch the real function, then one call into its hook."""
+    proto, fact = function.proto.renamed(name), function.fact
+    args = [p.name for p in proto.params]
+    lines = [f"EXPORT {proto.decl()}", "{",
+             f"    __typeof__({name}) *next = forward_fn(&next_{name});",
+             "    if (unlikely(next == NULL))",
+             f"        return {NOT_FOUND[function.library]};"]
+    if fact.hook:
+        needs = [f"forward_fn(&next_{flavour(functions[n], ptds)})" for n in fact.needs]
+        lines.append(f"    return hook_{fact.hook}({', '.join(['next', *needs, *args, str(ptds)])});")
+    else:
+        lines.append(f"    hook_{fact.before}({', '.join(fact.before_args)});")
+        lines.append(f"    return next({', '.join(args)});")
+    return "\n".join(lines + ["}", ""])
+
+
+def entry_file(functions: dict[str, Function], library: str, ptds: int, purpose: str, inputs: list[Path]) -> str:
+    out = [banner(purpose, inputs)]
+    if ptds:
+        out.append("/* The real header then declares the _ptsz/_ptds names, which the definitions\n"
+                   " * below must match. */\n#define CUDA_API_PER_THREAD_DEFAULT_STREAM 1")
+    out.append('#include "hooks.h"\n')
+    for f in functions.values():
+        if f.library == library and f.fact.wrapped:
+            for name, p in f.flavours():
+                if p == ptds:
+                    out.append(entry_point(f, name, ptds, functions))
+    return "\n".join(out)
+
+
+def next_syms_files(functions: dict[str, Function], inputs: list[Path]) -> tuple[str, str]:
+    syms = next_symbols(functions)
+    header = [banner("The next definition of every function the library wraps, needs or looks up "
+                     "(see forward.c),\n * and the prototypes no header declares (the facts table).", inputs),
+              "#ifndef JITCKPT_INTERPOSE_NEXT_SYMS_H", "#define JITCKPT_INTERPOSE_NEXT_SYMS_H", ""]
+    for f in functions.values():
+        if f.fact.prototype:
+            header += [f"{f.proto.decl()};"] + ([f"{f.proto.renamed(f.twin).decl()};"] if f.twin else [])
+    header += [""] + [f"extern struct next_sym next_{name};" for name, _ in syms] + ["", "#endif", ""]
+    source = [banner("The next-symbol table (see forward.c).", inputs), '#include "interpose.h"', ""]
+    lib = {CUDART: "NEXT_CUDART", NCCL: "NEXT_NCCL"}
+    source += [f'struct next_sym next_{name} = {{"{name}", {lib[library]}, NULL, 0}};' for name, library in syms]
+    return "\n".join(header), "\n".join(source + [""])
+
+
+def version_script(functions: dict[str, Function], soname: str, inputs: list[Path]) -> str:
+    cuda = [name for f in functions.values() if f.library == CUDART and f.fact.wrapped for name, _ in f.flavours()]
+    return "\n".join([
+        banner(f"Exports of libjitckpt_interpose.so.  The wrapped CUDA runtime functions are in\n"
+               f" * node {soname}, the node of the real runtime, so that CUDA 13 binaries'\n"
+               f" * versioned imports bind here.  NCCL's functions are unversioned, as in the\n"
+               f" * real library: not named here, they land in the base version (everything\n"
+               f" * else is hidden by -fvisibility=hidden).  The control interface has its own node.",
+               inputs).rstrip("\n"),
+        f"{soname} {{", "  global:", *[f"    {name};" for name in cuda], "};", "",
+        f"{CONTROL_NODE} {{", "  global:", "    jitckpt_interpose_*;", "};", ""])
+
+
+def emulator_exports(libraries: list[Path], nm: str) -> dict[str, tuple[str, str | None]]:
+    """name -> (library, version) of the cuda*/__cuda*/nccl*/pnccl* functions the emulator defines."""
+    exports = {}
+    for path in libraries:
+        library = NCCL if "nccl" in path.name else CUDART
+        try:
+            out = subprocess.run([nm, "-D", "--defined-only", str(path)], capture_output=True, text=True,
+                                 check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise GenError(f"cannot list the symbols of {path} ({exc}); build the emulator: make -C emulator")
+        for line in out.splitlines():
+            fields = line.split()
+            if len(fields) != 3 or fields[1] not in "TtWi":
+                continue
+            name, _, version = fields[2].partition("@")
+            if name.startswith(("cuda", "__cuda", "nccl", "pnccl")):
+                exports[name] = (library, version.lstrip("@") or None)
+    return exports
+
+
+def coverage(functions: dict[str, Function], exports: dict[str, tuple[str, str | None]], soname: str) -> str:
+    wrapped = {name for f in functions.values() if f.fact.wrapped for name, _ in f.flavours()}
+    refused = {name for f in functions.values() if f.fact.refused for name, _ in f.flavours()}
+    table = {name: (f.library, soname if f.library == CUDART else None)
+             for f in functions.values() for name, _ in f.flavours()}
+    table.update(exports)
+    rows = [f"  {json.dumps(name)}: " + json.dumps({
+                "library": library, "version": version,
+                "passthrough": "wrapped" if name in wrapped else "forwarded",
+                "transparent": name in exports and name not in refused})
+            for name, (library, version) in sorted(table.items())]
+    # One function a line, as json.dumps(indent=...) cannot write it.
+    return (f'{{"generated_by": {json.dumps(GENERATOR + " -- do not edit")},\n'
+            f' "runtime_version_node": {json.dumps(soname)},\n'
+            f' "functions": {{\n' + ",\n".join(rows) + "\n }}\n")
+
+
+def cdef(control_header: Path, inputs: list[Path]) -> str:
+    """The control header as cffi's cdef() takes it: no preprocessor but the API version."""
+    text = strip_comments(control_header.read_text(encoding="utf-8"))
+    out, live = [], [True]
+    for line in text.splitlines():
+        directive = re.match(r"\s*#\s*(\w+)\s*(.*)", line)
+        if not directive:
+            if all(live) and line.strip():
+                out.append(line.rstrip())
+            continue
+        word, rest = directive.groups()
+        if word in ("if", "ifdef", "ifndef"):
+            # Only the C view: __cplusplus is undefined, the include guard is not yet defined.
+            live.append(word == "ifndef" or (word == "ifdef" and rest.strip() != "__cplusplus"))
+        elif word == "endif":
+            live.pop()
+        elif word == "define" and rest.startswith("JITCKPT_INTERPOSE_API_VERSION") and all(live):
+            out.append(f"#define {rest.strip()}")
+    if not any(line.startswith("#define JITCKPT_INTERPOSE_API_VERSION ") for line in out):
+        raise GenError(f"{control_header}: no '#define JITCKPT_INTERPOSE_API_VERSION <n>' line")
+    return banner("The declarations of jitckpt_interpose.h, for cffi's ffi.cdef().", inputs) + "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cuda-header", type=Path, required=True)
+    parser.add_argument("--nccl-header", type=Path, required=True)
+    parser.add_argument("--control-header", type=Path, required=True)
+    parser.add_argument("--emulator-lib", type=Path, action="append", default=[])
+    parser.add_argument("--cudart-soname", default="libcudart.so.13")
+    parser.add_argument("--nm", default="nm")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    facts_file = Path(__file__).resolve().parent / "api_facts.py"
+    try:
+        headers = [args.cuda_header, args.nccl_header]
+        functions = describe(args.cuda_header, args.nccl_header, FACTS)
+        exports = emulator_exports(args.emulator_lib, args.nm)
+        inputs = [*headers, facts_file]
+        files = {
+            "cuda_entry.c": entry_file(functions, CUDART, 0, "The CUDA runtime entry points the library takes "
+                                       "the place of: each one calls its hook in src/hooks.h.", inputs),
+            "cuda_entry_ptsz.c": entry_file(functions, CUDART, 1, "The per-thread-default-stream twins "
+                                            "(_ptsz/_ptds) of those entry points, called by code\n * built "
+                                            "with --default-stream per-thread: stream 0 is the calling "
+                                            "thread's own.", inputs),
+            "nccl_entry.c": entry_file(functions, NCCL, 0, "The NCCL entry points the library takes the "
+                                       "place of: each one calls its hook in src/hooks.h.", inputs),
+            "interpose.map": version_script(functions, args.cudart_soname, inputs),
+            "coverage.json": coverage(functions, exports, args.cudart_soname),
+            "jitckpt_interpose.cdef": cdef(args.control_header, [args.control_header]),
+        }
+        files["next_syms.h"], files["next_syms.c"] = next_syms_files(functions, inputs)
+    except GenError as exc:
+        print(f"gen_interpose: {exc}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (args.out / name).write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

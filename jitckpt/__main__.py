@@ -1,0 +1,7 @@
+"""``python -m jitckpt ...`` is ``jit-run ...``."""
+
+import sys
+
+from jitckpt.launch.cli import main
+
+sys.exit(main())

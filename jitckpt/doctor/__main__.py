@@ -1,0 +1,7 @@
+"""``python -m jitckpt.doctor ARGS``: the same as `jit-run doctor ARGS`."""
+
+import sys
+
+from jitckpt.doctor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,165 @@
+"""torchrun's elastic agent, with the changes jit-run needs (run as ``python -m jitckpt.launch.agent``).
+
+jit-run builds on torchrun rather than beside it: rendezvous (c10d, etcd),
+``--max-restarts``, multi-node membership and node exclusion all stay
+torchrun's.  This module runs ``torch.distributed.run.main`` with five small
+patches to its ``LocalElasticAgent`` and process context:
+
+1. **Grace period.**  When one worker exits, the agent tears down all local
+   workers (SIGTERM, then SIGKILL after a timeout).  Healthy workers turn that
+   SIGTERM into a JIT save, so the timeout becomes ``--save-grace``.
+2. **Frozen workers.**  A worker stopped by SIGSTOP (a hung node, in tests)
+   cannot save and cannot act on SIGTERM; it is killed at once instead of
+   holding the teardown for the whole grace period.
+3. **Events.**  Worker failures and restarts are written to the job's event
+   log for the recovery report.
+4. **Crashes after a finished script.**  A worker whose training script
+   ended successfully (recorded by jitckpt.worker.shutdown at exit) and that then
+   dies from a signal during interpreter teardown has finished its work.
+   torchrun would count it as a failure, SIGTERM the other workers and redo
+   the job from the last JIT checkpoint; the agent counts it as finished
+   instead, and the report lists it.
+5. **Rendezvous round and generation.**  The workers learn the c10d
+   rendezvous round they were started in, which all nodes agree on, and use
+   it to namespace their process-group store (see
+   ``jitckpt.worker.instrument._give_each_attempt_its_own_store``).  They also learn how
+   often this agent has started workers: torchrun does not count a restart
+   that another node's failure or arrival caused, and the recovery report
+   needs every one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from jitckpt import config, eventlog
+
+
+def _process_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def patch_agent() -> None:
+    """Install the patches on torchrun's LocalElasticAgent and its process context."""
+    from torch.distributed.elastic.agent.server import api as agent_api
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    grace = config.env_float(config.ENV_SAVE_GRACE, config.DEFAULT_SAVE_GRACE)
+    original_shutdown = LocalElasticAgent._shutdown
+    original_monitor = LocalElasticAgent._monitor_workers
+    original_restart = agent_api.SimpleElasticAgent._restart_workers
+
+    def shutdown(self: Any, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is not None:
+            group = getattr(self, "_worker_group", None)
+            by_pid = {w.id: w.global_rank for w in group.workers} if group is not None else {}
+            for pid in pcontext.pids().values():
+                if _process_state(pid) == "T":
+                    eventlog.record("worker_frozen_killed", rank=by_pid.get(pid), worker_pid=pid)
+                    os.kill(pid, signal.SIGKILL)
+        original_shutdown(self, death_sig, max(timeout, int(grace + 1)))
+
+    def monitor(self: Any, worker_group: Any) -> Any:
+        result = original_monitor(self, worker_group)
+        if result.failures:
+            seen = self.__dict__.setdefault("_jitckpt_reported", set())
+            for rank, failure in result.failures.items():
+                key = (self._remaining_restarts, rank)
+                if key not in seen:
+                    seen.add(key)
+                    eventlog.record(
+                        "worker_failed",
+                        rank=rank,
+                        exitcode=failure.exitcode,
+                        worker_pid=failure.pid,
+                        restarts_left=self._remaining_restarts,
+                    )
+        return result
+
+    original_rendezvous = agent_api.SimpleElasticAgent._rendezvous
+
+    def rendezvous(self: Any, worker_group: Any) -> None:
+        # Every worker (re)start goes through a rendezvous: count them.
+        generation = self.__dict__.get("_jitckpt_generation", -1) + 1
+        self._jitckpt_generation = generation
+        os.environ[config.ENV_WORKER_GENERATION] = str(generation)
+        original_rendezvous(self, worker_group)
+        state = getattr(getattr(worker_group.spec.rdzv_handler, "_state_holder", None), "state", None)
+        if isinstance(getattr(state, "round", None), int):
+            os.environ[config.ENV_RENDEZVOUS_ROUND] = str(state.round)  # workers inherit it
+
+    def restart(self: Any, worker_group: Any) -> None:
+        eventlog.record("restart_begin", restarts_left=self._remaining_restarts)
+        original_restart(self, worker_group)
+        eventlog.record("restart_done")
+
+    _forgive_crashes_after_finished_scripts()
+    LocalElasticAgent._shutdown = shutdown
+    LocalElasticAgent._monitor_workers = monitor
+    agent_api.SimpleElasticAgent._restart_workers = restart
+    agent_api.SimpleElasticAgent._rendezvous = rendezvous
+
+
+def _forgive_crashes_after_finished_scripts() -> None:
+    """Patch 4: a signal death after the script succeeded is not a worker failure."""
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+    original_capture = getattr(SubprocessContext, "_capture_process_failures", None)
+    if original_capture is None or getattr(original_capture, "_jitckpt_patched", False):
+        return  # (another torch version: torchrun's own rule applies)
+
+    def capture_process_failures(self: Any, done_local_ranks: set[int]) -> None:
+        original_capture(self, done_local_ranks)
+        run_dir = os.environ.get(config.ENV_RUN_DIR)
+        if not run_dir:
+            return
+        finished = {
+            local_rank: eventlog.successful_exit(run_dir, failure.pid) if failure.exitcode < 0 else None
+            for local_rank, failure in self._failures.items()
+        }
+        if not finished or None in finished.values():
+            return  # a real failure: the others' exits (e.g. torchrun's SIGTERM) are bookkeeping, not crashes
+        for local_rank, worker_exit in finished.items():
+            failure = self._failures.pop(local_rank)
+            rank = worker_exit.get("rank")
+            eventlog.record("worker_crashed_after_finishing", rank=rank, attempt=worker_exit.get("attempt"),
+                          worker_pid=failure.pid, signal=-failure.exitcode)
+            print(f"[jit-run] worker pid {failure.pid} (local rank {local_rank}, rank {rank}) finished its script, then died "
+                  f"from signal {-failure.exitcode} during interpreter shutdown; counted as finished, not as a failure",
+                  file=sys.stderr, flush=True)
+
+    capture_process_failures._jitckpt_patched = True  # type: ignore[attr-defined]
+    SubprocessContext._capture_process_failures = capture_process_failures
+
+
+def main(argv: list[str]) -> int:
+    """Run torchrun with the jit-run patches; returns its exit status."""
+    patch_agent()
+    os.environ[config.ENV_ACTIVE] = "1"  # workers inherit it; this process stays inactive
+    from torch.distributed.run import main as torchrun_main
+
+    started = time.time()
+    try:
+        torchrun_main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except Exception as exc:  # ChildFailedError after --max-restarts is exhausted
+        print(f"[jit-run] torchrun gave up: {type(exc).__name__}", file=sys.stderr, flush=True)
+        code = 1
+    else:
+        code = 0
+    eventlog.record("agent_done", exitcode=code, seconds=time.time() - started)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

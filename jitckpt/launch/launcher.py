@@ -1,0 +1,237 @@
+"""`jit-run [options] torchrun ...`: supervise a torchrun job with just-in-time checkpointing.
+
+jit-run checks its inputs before anything starts (an unwritable checkpoint
+directory is an error now, not at failure time), then runs torchrun's own
+agent with the jit-run patches (``jitckpt.launch.agent``) and the workers'
+environment set up.  torchrun's flags pass through unchanged; restarts are
+``--max-restarts``.  When torchrun exits, jit-run prints the recovery report
+and writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from jitckpt import config, eventlog, faults, native
+from jitckpt.launch import report
+from jitckpt.store import CheckpointError, DiskStore, check_writable, is_complete
+from jitckpt.validate import argparse_type, positive_number
+
+
+class UsageError(Exception):
+    """Bad jit-run input: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="jit-run",
+        description="Run a torchrun job with just-in-time checkpointing: on a failure the healthy "
+        "replicas save, torchrun restarts the job, and at most one minibatch is redone.",
+        epilog="Subcommands: `jit-run plan --help` (failure-cost model). "
+        "Every option can also be set by the environment variable shown.",
+    )
+    parser.add_argument("--checkpoint-dir", default=env(config.ENV_CHECKPOINT_DIR, config.DEFAULT_CHECKPOINT_DIR),
+                        help=f"where JIT checkpoints go [{config.ENV_CHECKPOINT_DIR}, default %(default)s]")
+    parser.add_argument("--hang-timeout", type=argparse_type(positive_number),
+                        default=env(config.ENV_HANG_TIMEOUT, str(config.DEFAULT_HANG_TIMEOUT)),
+                        help=f"seconds a collective may stay in flight before it counts as hung "
+                             f"[{config.ENV_HANG_TIMEOUT}, default %(default)s]")
+    parser.add_argument("--save-grace", type=argparse_type(positive_number),
+                        default=env(config.ENV_SAVE_GRACE, str(config.DEFAULT_SAVE_GRACE)),
+                        help=f"seconds healthy ranks get to finish their save before torchrun's teardown kills them "
+                             f"[{config.ENV_SAVE_GRACE}, default %(default)s]")
+    parser.add_argument("--report", default=env(config.ENV_REPORT),
+                        help=f"where to write the JSON recovery report [{config.ENV_REPORT}, "
+                             f"default CHECKPOINT_DIR/jitckpt-report.json]")
+    parser.add_argument("--fault", default=env(config.ENV_FAULT, ""),
+                        help="inject a fault, e.g. rank=2,step=5,phase=backward,kind=kill "
+                             f"(phases: {', '.join(faults.PHASES)}; kinds: {', '.join(faults.KINDS)}) [{config.ENV_FAULT}]")
+    parser.add_argument("--emulated-gpus", type=int, metavar="N",
+                        help="run the job's CUDA programs on N CPU-emulated GPUs per node (the CPU device emulator)")
+    parser.add_argument("--interpose", choices=("auto", "on", "off"), default=env(config.ENV_INTERPOSE, "auto"),
+                        help="preload the CUDA/NCCL interposition library (C watchdog over NCCL events) into the "
+                             f"workers: auto = when the host has NVIDIA GPUs or --emulated-gpus is given "
+                             f"[{config.ENV_INTERPOSE}, default %(default)s]")
+    parser.add_argument("--keep", type=int, default=3,
+                        help="keep the newest N complete checkpoint steps, prune older ones at start (default %(default)s)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="torchrun [torchrun options] script.py [args]")
+    return parser
+
+
+def split_torchrun(command: list[str]) -> list[str]:
+    """The torchrun arguments of ``command``; raises UsageError if it is not a torchrun command."""
+    if command and Path(command[0]).name == "torchrun":
+        return command[1:]
+    if len(command) >= 3 and Path(command[0]).name.startswith("python") and command[1:3] == ["-m", "torch.distributed.run"]:
+        return command[3:]
+    shown = " ".join(command[:3]) or "nothing"
+    raise UsageError(
+        f"jit-run runs torchrun jobs: `jit-run [options] torchrun --nproc_per_node N train.py ...` (got {shown!r})"
+    )
+
+
+def max_restarts(torchrun_args: list[str]) -> int:
+    """torchrun's --max-restarts value (0, torchrun's default, when absent or unparsable)."""
+    for i, arg in enumerate(torchrun_args):
+        name, sep, value = arg.partition("=")
+        if name in ("--max-restarts", "--max_restarts"):
+            value = value if sep else (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "")
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
+    """Validate everything and build the agent command line and environment."""
+    if not args.command:
+        raise UsageError("no command given: `jit-run [options] torchrun --nproc_per_node N train.py ...`")
+    torchrun_args = split_torchrun(args.command)
+    if not torchrun_args:
+        raise UsageError("torchrun needs a training script: `jit-run torchrun --nproc_per_node N train.py`")
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError(f"PyTorch is not installed for {sys.executable}; install it (scripts/setup.sh does) and retry")
+    try:
+        faults.parse(args.fault)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.keep < 1:
+        raise UsageError("--keep must be at least 1")
+    try:
+        root = check_writable(args.checkpoint_dir)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
+
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    run_dir = root / ".jitckpt" / f"run-{run_id}"
+    run_dir.mkdir(parents=True)
+    shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else run_dir
+    shm_dir = shm_root / f"jitckpt-{run_id}"
+
+    env = dict(os.environ)
+    package_parent = Path(__file__).resolve().parents[2]
+    bootstrap = package_parent / "jitckpt" / "worker" / "_bootstrap"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(bootstrap), str(package_parent), env.get("PYTHONPATH", "")) if p)
+    env.update({
+        config.ENV_ACTIVE: config.ACTIVE_IN_AGENT,  # the agent switches it to "1" for its workers
+        config.ENV_CHECKPOINT_DIR: str(root),
+        config.ENV_HANG_TIMEOUT: str(float(args.hang_timeout)),
+        config.ENV_SAVE_GRACE: str(float(args.save_grace)),
+        config.ENV_FAULT: args.fault,
+        config.ENV_RUN_DIR: str(run_dir),
+        config.ENV_SHM_DIR: str(shm_dir),
+    })
+    # torch >= 2.4 lets the workers share the rendezvous store hosted by the
+    # agent of group rank 0.  If that node is lost, the others cannot form the
+    # next round: with torch 2.13 the surviving and the replacement agents
+    # fail with DistStoreError (plain torchrun too; tests/test_multinode.py).
+    # The workers' own store, the behaviour before 2.4, survives that.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if args.emulated_gpus is not None:
+        if args.emulated_gpus < 1:
+            raise UsageError("--emulated-gpus must be at least 1")
+        from jitckpt.native import emulator
+
+        try:
+            env = emulator.job_environment(env, args.emulated_gpus)
+        except native.NativeMissing as exc:
+            raise UsageError(str(exc)) from None
+    if args.interpose == "on" or (args.interpose == "auto" and (args.emulated_gpus or Path("/dev/nvidiactl").exists())):
+        try:
+            env = _with_interposer(env)
+        except UsageError as exc:
+            if args.interpose == "on":
+                raise
+            say(f"warning: running without the CUDA/NCCL interposition library ({exc}); "
+                f"the Python watchdog stays in charge")
+    return [sys.executable, "-m", "jitckpt.launch.agent", *torchrun_args], env, run_dir
+
+
+def _with_interposer(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the interposition library first on LD_PRELOAD (built first if needed)."""
+    from jitckpt.native import interposer
+
+    try:
+        library = interposer.library_path()
+    except native.NativeMissing as exc:
+        raise UsageError(f"the interposition library is missing ({exc}); use --interpose off to run without it") from None
+    env = dict(env)
+    env["LD_PRELOAD"] = " ".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)
+    return env
+
+
+def say(message: str) -> None:
+    print(f"[jit-run] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    """Run a job; returns torchrun's exit status (2 for bad input)."""
+    if os.environ.get(config.ENV_ENABLE, "1") == "0":
+        args = build_parser().parse_args(argv)
+        if not args.command:
+            say("no command given")
+            return 2
+        try:
+            return subprocess.call(args.command)  # admin switch: plain pass-through
+        except OSError as exc:
+            say(f"error: cannot run {args.command[0]!r}: {exc.strerror or exc}")
+            return 127
+    args = build_parser().parse_args(argv)
+    try:
+        agent_cmd, env, run_dir = prepare(args)
+    except UsageError as exc:
+        say(f"error: {exc}")
+        return 2
+    root = Path(env[config.ENV_CHECKPOINT_DIR])
+    store = DiskStore(root)
+    for removed in store.prune(args.keep):
+        say(f"pruned old checkpoint {removed}")
+    existing = next((step for step in store.list_steps() if is_complete(store, step)), None)
+    if existing is not None:
+        say(f"{root} already holds a complete checkpoint of minibatch {existing}: this job resumes from it. "
+            f"For a new job, pass a fresh --checkpoint-dir")
+    torchrun_args = agent_cmd[3:]
+    say(f"checkpoint dir {root}, hang timeout {float(args.hang_timeout):g}s, save grace {float(args.save_grace):g}s")
+    if args.fault:
+        say(f"fault injection armed: {args.fault}")
+    if max_restarts(torchrun_args) == 0:
+        say("note: --max-restarts is 0, so torchrun will not restart after a failure; "
+            "the JIT checkpoint is kept and rerunning the same command resumes from it")
+    say("launching torchrun " + " ".join(torchrun_args))
+
+    os.environ[config.ENV_RUN_DIR] = str(run_dir)
+    eventlog.record("launch", command=args.command)
+    child = subprocess.Popen(agent_cmd, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        shutil.rmtree(env[config.ENV_SHM_DIR], ignore_errors=True)
+
+    result = report.build(eventlog.read_all(run_dir), code, args.command)
+    report_path = Path(args.report) if args.report else root / "jitckpt-report.json"
+    print(report.render(result), file=sys.stderr, flush=True)
+    try:
+        report.write(result, report_path)
+        report.write(result, run_dir / "report.json")
+        say(f"report written to {report_path}")
+    except OSError as exc:
+        say(f"could not write the report to {report_path}: {exc}")
+    if code != 0:
+        say(f"the job failed (torchrun exit status {code})" +
+            ("; rerun the same command to resume from the newest JIT checkpoint" if max_restarts(torchrun_args) == 0 else ""))
+    return code

@@ -1,0 +1,191 @@
+"""The recovery report: what failed, who noticed, and what each recovery cost.
+
+Built by jit-run from the job's event log (``jitckpt.eventlog``) once torchrun
+exits; printed as a table and written as JSON.  The ``summary`` block feeds
+``jit-run plan --from-report`` (checkpoint cost, restore cost, minibatch time).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from jitckpt import config
+
+REPORT_VERSION = 1
+
+
+def _of(records: list[dict], kind: str, attempt: int | None = None) -> list[dict]:
+    return [e for e in records if e["event"] == kind and (attempt is None or e.get("attempt") == attempt)]
+
+
+def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict], window: tuple[float, float]) -> dict[str, Any]:
+    injected = _of(records, "fault_injected")
+    injected = [e for e in injected if _attempt_of_pid(records, e["pid"]) == attempt]
+    detections = _of(records, "jit_detected", attempt)
+    saves = _of(records, "jit_saved", attempt)
+    save_failures = _of(records, "jit_save_failed", attempt)
+    real_failures = [f for f in agent_failures if f.get("exitcode") not in (config.JIT_SAVED_EXIT_CODE, config.JIT_SAVE_FAILED_EXIT_CODE)]
+    frozen = [e for e in records if e["event"] == "worker_frozen_killed" and window[0] <= e["time"] <= window[1]]
+
+    what: list[str] = []
+    for e in injected:
+        what.append(f"rank {e['rank']}: injected {e['kind']} in {e['phase']} of minibatch {e['step']}")
+    for f in real_failures:
+        code = f.get("exitcode")
+        how = f"killed by signal {-code}" if isinstance(code, int) and code < 0 else f"exited with status {code}"
+        what.append(f"rank {f['rank']}: {how}")
+    for e in frozen:
+        what.append(f"rank {e['rank']}: hung (process frozen), killed by jit-run at teardown")
+
+    candidates = [e["time"] for e in injected] + [f["time"] for f in real_failures]
+    candidates += [d["collective_since"] for d in detections if d.get("collective_since")]
+    failed_at = min(candidates) if candidates else None
+    first_detection = min((d["time"] for d in detections), default=None)
+    last_save = max((s["time"] for s in saves), default=None)
+
+    next_starts = _of(records, "worker_start", attempt + 1)
+    restarted_at = max((e["time"] for e in next_starts), default=None)
+    resumed = _of(records, "resumed", attempt + 1)
+    first_steps = _of(records, "first_step_done", attempt + 1)
+    resumed_at = max((e["time"] for e in first_steps), default=None)
+    resumed_step = min((e["step"] for e in resumed), default=None)
+    fresh = bool(_of(records, "fresh_start", attempt + 1))
+
+    furthest = max([d["step"] for d in detections] + [e["step"] for e in injected], default=None)
+    if furthest is not None and resumed_step is not None:
+        redone = furthest - resumed_step + 1
+    elif furthest is not None and fresh:
+        redone = furthest + 1
+    else:
+        redone = None
+
+    def span(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(max(0.0, b - a), 3)
+
+    return {
+        "attempt": attempt,
+        "what_failed": what,
+        "detected_by": [
+            {"rank": d["rank"], "how": d["reason"], "detail": d["detail"], "minibatch": d["step"], "phase": d["phase"]}
+            for d in sorted(detections, key=lambda d: d["rank"])
+        ],
+        "saves": [
+            {"rank": s["rank"], "minibatch": s["step"], "seconds": round(s["seconds"], 3), "path": s["path"]}
+            for s in sorted(saves, key=lambda s: s["rank"])
+        ],
+        "save_failures": [{"rank": s["rank"], "error": s["error"]} for s in save_failures],
+        "detect_seconds": span(failed_at, first_detection),
+        "save_seconds": round(max(s["seconds"] for s in saves), 3) if saves else None,
+        "save_wall_seconds": span(first_detection, last_save),
+        "restart_seconds": span(last_save or first_detection or failed_at, restarted_at),
+        "resume_seconds": span(restarted_at, resumed_at),
+        "resumed_from_minibatch": resumed_step,
+        "restarted_fresh": fresh,
+        "minibatches_redone": redone,
+    }
+
+
+def _attempt_of_pid(records: list[dict], pid: int) -> int | None:
+    for e in records:
+        if e["event"] == "worker_start" and e["pid"] == pid:
+            return e["attempt"]
+    return None
+
+
+def build(records: list[dict], exit_code: int, command: list[str]) -> dict[str, Any]:
+    """The report as a JSON-able dict."""
+    attempts = sorted({e["attempt"] for e in _of(records, "worker_start")})
+    agent_failures = _of(records, "worker_failed")
+    failures = []
+    for attempt in attempts:
+        ended_by_failure = (
+            _of(records, "jit_detected", attempt)
+            or [e for e in _of(records, "fault_injected") if _attempt_of_pid(records, e["pid"]) == attempt]
+            or attempt + 1 in attempts
+        )
+        if not ended_by_failure:
+            continue
+        starts = [e["time"] for e in _of(records, "worker_start", attempt)]
+        window_end = min((e["time"] for e in _of(records, "worker_start", attempt + 1)), default=float("inf"))
+        window = (min(starts, default=0.0), window_end)
+        in_window = [f for f in agent_failures if window[0] <= f["time"] <= window[1]]
+        failures.append(_failure_record(records, attempt, in_window, window))
+
+    exits = [e for e in _of(records, "worker_exit") if e.get("mean_minibatch_seconds")]
+    minibatch = statistics.fmean(e["mean_minibatch_seconds"] for e in exits) if exits else None
+    saves = [f["save_seconds"] for f in failures if f["save_seconds"] is not None]
+    restores = [
+        f["restart_seconds"] + f["resume_seconds"]
+        for f in failures
+        if f["restart_seconds"] is not None and f["resume_seconds"] is not None
+    ]
+    final_steps = [e["step"] for e in _of(records, "worker_exit")]
+    return {
+        "report_version": REPORT_VERSION,
+        "command": command,
+        "outcome": "completed" if exit_code == 0 else "failed",
+        "exit_code": exit_code,
+        "attempts": len(attempts),
+        "restarts": max(0, len(attempts) - 1),
+        "final_minibatch": max(final_steps) if final_steps else None,
+        "failures": failures,
+        "crashes_after_finishing": [
+            {"rank": e.get("rank"), "attempt": e.get("attempt"), "signal": e.get("signal")}
+            for e in _of(records, "worker_crashed_after_finishing")
+        ],
+        "summary": {
+            "failures": len(failures),
+            "minibatches_redone": sum(f["minibatches_redone"] or 0 for f in failures),
+            "checkpoint_cost_seconds": round(statistics.fmean(saves), 3) if saves else None,
+            "restore_cost_seconds": round(statistics.fmean(restores), 3) if restores else None,
+            "minibatch_seconds": round(minibatch, 6) if minibatch is not None else None,
+        },
+    }
+
+
+def _fmt(value: Any, unit: str = "s") -> str:
+    return "-" if value is None else f"{value:.2f}{unit}" if isinstance(value, float) else str(value)
+
+
+def render(report: dict[str, Any]) -> str:
+    """A human-readable version of the report."""
+    lines = ["", "=" * 72, "jitckpt recovery report", "=" * 72]
+    lines.append(f"outcome: {report['outcome']} (exit code {report['exit_code']}), attempts: {report['attempts']}, "
+                 f"restarts: {report['restarts']}, final minibatch: {_fmt(report['final_minibatch'])}")
+    if not report["failures"]:
+        lines.append("no failures.")
+    for n, f in enumerate(report["failures"], 1):
+        lines.append(f"--- failure {n} (attempt {f['attempt']}) ---")
+        for what in f["what_failed"] or ["(cause not observed)"]:
+            lines.append(f"  failed:   {what}")
+        for d in f["detected_by"]:
+            lines.append(f"  detected: rank {d['rank']} by {d['how']} at minibatch {d['minibatch']} ({d['phase']}): {d['detail']}")
+        for s in f["saves"]:
+            lines.append(f"  saved:    rank {s['rank']} minibatch {s['minibatch']} in {s['seconds']:.2f}s -> {s['path']}")
+        for s in f["save_failures"]:
+            lines.append(f"  save failed: rank {s['rank']}: {s['error']}")
+        resumed = "fresh start" if f["restarted_fresh"] else f"minibatch {_fmt(f['resumed_from_minibatch'])}"
+        lines.append(
+            f"  time to detect {_fmt(f['detect_seconds'])}, save {_fmt(f['save_seconds'])}, "
+            f"restart {_fmt(f['restart_seconds'])}, resume {_fmt(f['resume_seconds'])}; "
+            f"resumed from {resumed}, minibatches redone: {_fmt(f['minibatches_redone'])}"
+        )
+    for c in report.get("crashes_after_finishing", []):
+        lines.append(f"note: rank {c['rank']} finished its script in attempt {c['attempt']}, then died from signal "
+                     f"{c['signal']} during interpreter shutdown; counted as finished (not restarted)")
+    s = report["summary"]
+    lines.append(f"summary: {s['failures']} failure(s), {s['minibatches_redone']} minibatch(es) redone, "
+                 f"checkpoint cost {_fmt(s['checkpoint_cost_seconds'])}, restore cost {_fmt(s['restore_cost_seconds'])}, "
+                 f"minibatch {_fmt(s['minibatch_seconds'])}")
+    lines.append("=" * 72)
+    return "\n".join(lines)
+
+
+def write(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(path)

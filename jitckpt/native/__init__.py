@@ -1,0 +1,91 @@
+"""Where jitckpt's native parts are: the only code that knows where ``.so`` files live.
+
+The native parts are built by ``make`` from the source tree:
+
+* ``emulator/``  -> the CPU device emulator, ``libcudart.so.13`` and ``libnccl.so.2``
+  (DESIGN decision 9; "simdev" is its name for an emulated device);
+* ``interpose/`` -> ``libjitckpt_interpose.so`` (the LD_PRELOAD interposition
+  library) and, generated from the CUDA and NCCL headers, its coverage list
+  (``coverage.json``, read by ``jit-run doctor``) and the cffi declarations of
+  its control interface (``jitckpt_interpose.cdef``).
+
+They are looked up in two places, first match wins:
+
+1. **package data**, ``jitckpt/native/_build/{emulator,interpose}/``: what a
+   wheel (``pip install .``) carries, copied there by the build hook in
+   ``setup.py``;
+2. **the source tree** this package sits in, ``emulator/build/`` and
+   ``interpose/build/`` (an editable install or a plain checkout), built on
+   demand by ``ensure_built``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE_BUILD = Path(__file__).resolve().parent / "_build"
+SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent
+
+EMULATOR = "emulator"
+INTERPOSE = "interpose"
+# Files of each part, relative to its build directory (the first is the part's marker).
+FILES: dict[str, tuple[str, ...]] = {
+    EMULATOR: ("libcudart.so.13", "libnccl.so.2", "libcudart.so", "libnccl.so"),
+    INTERPOSE: ("libjitckpt_interpose.so", "gen/coverage.json", "gen/jitckpt_interpose.cdef"),
+}
+INTERPOSER_SONAME = "libjitckpt_interpose.so"
+
+
+class NativeMissing(RuntimeError):
+    """A native part is not built and cannot be built here; the message says what to install."""
+
+
+def source_dir(part: str) -> Path:
+    """The part's source folder in the checkout (it may not exist in a wheel install)."""
+    return SOURCE_ROOT / part
+
+
+def _candidates(part: str) -> list[Path]:
+    return [PACKAGE_BUILD / part, source_dir(part) / "build"]
+
+
+def build_dir(part: str) -> Path | None:
+    """The first directory holding every file of ``part``, or None if it is built nowhere."""
+    for directory in _candidates(part):
+        if all((directory / name).exists() for name in FILES[part]):
+            return directory
+    return None
+
+
+def find(part: str, name: str) -> Path | None:
+    """File ``name`` of ``part`` (e.g. ``find("interpose", "gen/coverage.json")``), or None."""
+    directory = build_dir(part)
+    return None if directory is None else directory / name
+
+
+def ensure_built(part: str) -> Path:
+    """The build directory of ``part``, running ``make`` in the source tree first if needed."""
+    found = build_dir(part)
+    if found is not None:
+        return found
+    source = source_dir(part)
+    if not (source / "Makefile").is_file():
+        raise NativeMissing(
+            f"the {part} libraries are not installed with this jitckpt and there is no source tree at {source} "
+            f"to build them from: reinstall jitckpt from a wheel built on a machine with gcc, the CUDA 13 headers "
+            f"and nvidia-nccl-cu13"
+        )
+    try:
+        result = subprocess.run(["make", "-s", "-C", str(source), "-j2", f"PYTHON={sys.executable}"],
+                                capture_output=True, text=True)
+    except OSError as exc:
+        raise NativeMissing(f"the {part} libraries are not built and make cannot run ({exc})") from None
+    found = build_dir(part)
+    if result.returncode != 0 or found is None:
+        raise NativeMissing(
+            f"building {source} failed (it needs gcc, the CUDA 13 headers in /usr/local/cuda/include and "
+            f"`pip install nvidia-nccl-cu13`):\n{result.stderr[-2000:]}"
+        )
+    return found

@@ -1,0 +1,19 @@
+"""What a worker prints: one prefix per rank, and backend errors boiled down to their gist."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+
+def log(message: str) -> None:
+    """Print a jitckpt message prefixed with this worker's rank."""
+    print(f"[jitckpt rank {os.environ.get('RANK', '?')}] {message}", file=sys.stderr, flush=True)
+
+
+def short_error(error: BaseException) -> str:
+    """The gist of a backend error: first line, without source paths and boilerplate advice."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". This is typically caused")[0]

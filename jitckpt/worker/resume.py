@@ -1,0 +1,78 @@
+"""Resuming a worker: find the checkpoint this rank loads, and put its own RNG state back.
+
+``jitckpt.jit_get_checkpoint_path()`` calls ``locate`` and then ``resume``
+(or ``fresh_start``).  The checkpoint comes from the store's selection (the
+newest step covering every shard, from any replica of this rank's shard);
+the RNG state is this rank's own, found in whichever replica's checkpoint
+carried the host stash that held it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+from typing import TYPE_CHECKING
+
+from jitckpt import config, eventlog
+from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, select
+from jitckpt.worker import ddp_layout, rng_state
+from jitckpt.worker.console import log
+from jitckpt.worker.save import rng_file_name
+
+if TYPE_CHECKING:
+    from jitckpt.worker.runtime import JitRuntime
+
+
+def locate(rt: "JitRuntime") -> CheckpointInfo | None:
+    """Find (once per process) the checkpoint this rank resumes from; warnings about skipped ones are printed."""
+    if rt.located:
+        return rt.checkpoint
+    allow = os.environ.get(config.ENV_ALLOW_WORLD_SIZE_CHANGE) == "1"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointWarning)
+        info = select(rt.store, rt.coords, allow_world_size_change=allow)
+    for warning in caught:
+        log(f"warning: {warning.message}")
+    rt.checkpoint, rt.located = info, True
+    if info is not None:
+        ddp_layout.load(info.path)
+    return info
+
+
+def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
+    """Adopt a checkpoint's step and restore this rank's own RNG state from it."""
+    rt.step = info.step
+    rt.resumed_from = info.step
+    payload = _find_rng_payload(rt, info)
+    if payload is not None:
+        rng_state.restore(pickle.loads(payload))
+    else:
+        log(
+            f"no RNG state for rank {rt.rank} at minibatch {info.step} in any replica "
+            f"(its host was lost?); the redone minibatch will draw different random numbers"
+        )
+    rt.stash_rng(rt.step)
+    eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path), rng_restored=payload is not None)
+
+
+def fresh_start(rt: "JitRuntime") -> None:
+    """No checkpoint: training starts at minibatch 0."""
+    rt.stash_rng(rt.step)
+    eventlog.record("fresh_start", rank=rt.rank, attempt=rt.attempt)
+
+
+def _find_rng_payload(rt: "JitRuntime", info: CheckpointInfo) -> bytes | None:
+    name = rng_file_name(rt.rank)
+    if name in info.meta.get("files", {}):
+        return (info.path / name).read_bytes()
+    for other in sorted(info.path.parent.iterdir()):
+        if other == info.path or other.name.startswith("."):
+            continue
+        try:
+            meta_ok = rt.store.verify(other, check_content=False)
+        except CheckpointError:
+            continue
+        if name in meta_ok.meta.get("files", {}):
+            return (other / name).read_bytes()
+    return None

@@ -1,0 +1,112 @@
+"""The JIT save (paper §3.2): the user's save into a pending checkpoint, then a commit.
+
+Runs on the runtime's save thread (or, for an uncaught distributed error, on
+the training thread itself) once the training thread is parked or provably
+stuck before the optimizer step.  It needs no collective: the user's
+``save(path)`` writes this rank's state into a pending per-rank checkpoint;
+jitckpt adds every local rank's RNG state for the saved minibatch (dead ranks
+included, from the host's shared-memory stash) and DDP's bucket layout, and
+commits with metadata last.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from jitckpt import config, eventlog
+from jitckpt.jit_event import JitReason
+from jitckpt.native import interposer
+from jitckpt.worker import ddp_layout, rng_state
+from jitckpt.worker.console import log
+
+if TYPE_CHECKING:
+    from jitckpt.worker.runtime import JitRuntime
+
+RNG_DIR = "jitckpt-rng"
+
+
+class _SaveFlag(threading.local):
+    active = False
+
+
+_saving = _SaveFlag()
+
+
+def in_jit_save() -> bool:
+    """True on the thread that is running the user's save function."""
+    return _saving.active
+
+
+def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
+    """Run the user's save into a pending rank checkpoint and commit it; returns the worker's exit code."""
+    if rt.resumed_from is not None and not rt.training_started:
+        log(f"JIT event before this attempt resumed training: the checkpoint of minibatch {rt.resumed_from} "
+            f"it was loading from is still the newest; nothing new to save")
+        eventlog.record("jit_save_failed", rank=rt.rank, attempt=rt.attempt, error="training had not resumed yet")
+        return config.JIT_SAVE_FAILED_EXIT_CODE
+    if rt.save_fn is None:
+        log("JIT event but no save function registered (call jitckpt.register_save_checkpoint); nothing saved")
+        eventlog.record("jit_save_failed", rank=rt.rank, attempt=rt.attempt, error="no save function registered")
+        return config.JIT_SAVE_FAILED_EXIT_CODE
+    started = time.time()
+    step, phase = rt.step, rt.phase
+    try:
+        pending = rt.store.begin_save(step, rt.coords)
+        # Forward passes of this minibatch may have updated BatchNorm statistics.
+        buffers_rewound = rt.buffer_snapshots.rewind(step)
+        _saving.active = True
+        # This thread's CUDA copies on blocked streams go to a fresh stream (DESIGN decision 4).
+        interposer.save_in_progress(True)
+        try:
+            rt.save_fn(str(pending.path))
+        finally:
+            _saving.active = False
+            interposer.save_in_progress(False)
+        rt.injector.maybe_fire("save", step)
+        rng_files = _copy_rng_stashes(rt, pending.path, step)
+        ddp_layout.write(pending.path)
+        final = pending.commit(
+            {
+                "reason": reason.value,
+                "detail": detail,
+                "phase_at_detection": phase,
+                "saved_state": f"start of minibatch {step}",
+                "attempt": rt.attempt,
+                "rng_ranks": rng_files,
+                "module_buffers_rewound": buffers_rewound,
+            }
+        )
+    except BaseException as exc:  # report, keep the partial dir out of sight, exit non-zero
+        log(f"JIT save failed: {type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        eventlog.record("jit_save_failed", rank=rt.rank, attempt=rt.attempt, error=f"{type(exc).__name__}: {exc}")
+        return config.JIT_SAVE_FAILED_EXIT_CODE
+    seconds = time.time() - started
+    eventlog.record("jit_saved", rank=rt.rank, attempt=rt.attempt, step=step, path=str(final), seconds=seconds, phase=phase)
+    log(f"JIT checkpoint of minibatch {step} committed to {final} in {seconds:.2f}s")
+    return config.JIT_SAVED_EXIT_CODE
+
+
+def rng_file_name(rank: int) -> str:
+    """Where rank ``rank``'s RNG state sits inside a rank checkpoint."""
+    return f"{RNG_DIR}/rank-{rank:05d}.pkl"
+
+
+def _copy_rng_stashes(rt: "JitRuntime", directory: Path, step: int) -> list[int]:
+    """Copy every local rank's RNG state for ``step`` (dead ranks included) into the checkpoint."""
+    if rt.shm_dir is None or not rt.shm_dir.is_dir():
+        return []
+    (directory / RNG_DIR).mkdir(exist_ok=True)
+    ranks = []
+    for stash in sorted(rt.shm_dir.glob("rng-rank-*.bin")):
+        payload = rng_state.read_stash(stash).get(step)
+        if payload is None:
+            continue
+        rank = int(stash.stem.rsplit("-", 1)[1])
+        (directory / rng_file_name(rank)).write_bytes(payload)
+        ranks.append(rank)
+    return ranks
