@@ -183,7 +183,7 @@ def _patch_ddp(runtime: JitRuntime) -> None:
     # (string) annotations would fail: the hooks' signatures stay unannotated.
     def jit_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
         """DDP's default gradient all-reduce (average by world size), tracked by the watchdog."""
-        runtime.collective_entry("ddp-allreduce")
+        runtime.gradient_collective_entry("ddp-allreduce")
         group = state if state is not None else dist.group.WORLD
         tensor = bucket.buffer()
         # DDP's reducer scales by the reciprocal (mul by 1/world size); do exactly the
@@ -202,7 +202,7 @@ def _patch_ddp(runtime: JitRuntime) -> None:
 
         @functools.wraps(hook)
         def tracked(state, bucket):  # type: ignore[no-untyped-def]
-            runtime.collective_entry("ddp-comm-hook")
+            runtime.gradient_collective_entry("ddp-comm-hook")
             what = f"DDP comm hook {getattr(hook, '__qualname__', hook)} (bucket {bucket.index()})"
             token = runtime.track(what)
             return hook(state, bucket).then(lambda f: _finish(runtime, token, f, what))

@@ -69,6 +69,7 @@ class JitRuntime:
         self.phase = "forward"
         self.resumed_from: int | None = None
         self._primary_optimizer: int | None = None
+        self._next_rng_stashed: int | None = None  # step+1 once its RNG state is stashed at a gradient collective
         self._step_started = time.monotonic()
         self._step_seconds_total = 0.0
         self._steps_timed = 0
@@ -132,6 +133,22 @@ class JitRuntime:
         return self._step_seconds_total / self._steps_timed if self._steps_timed else None
 
     # ----- collectives ----------------------------------------------------------------
+
+    def gradient_collective_entry(self, what: str) -> None:
+        """The training thread issues a gradient collective of the current minibatch (DDP's all-reduce).
+
+        The forward passes of this minibatch are over (with gradient
+        accumulation too: DDP all-reduces during the last micro-batch's
+        backward), so the RNG state minibatch step+1 starts with is final
+        unless the script draws random numbers between backward() and
+        optimizer.step().  Stash it now, once per minibatch: a rank that dies
+        before its optimizer pre-step hook (in gradient clipping, logging, a
+        GradScaler) is resumed by its replicas at step+1 with this state.
+        """
+        self.collective_entry(what)
+        if self.phase != "optimizer" and self._next_rng_stashed != self.step + 1:
+            self._next_rng_stashed = self.step + 1
+            self.stash_rng(self.step + 1)
 
     def collective_entry(self, what: str) -> None:
         """A collective is about to be issued by the training thread: a safe point."""

@@ -1,0 +1,44 @@
+"""Failures placed in the user's own code, outside every jitckpt hook, end bit-exact.
+
+A rank that dies between the end of its backward and the start of
+``optimizer.step()`` (gradient clipping, ``loss.item()``) never reaches the
+optimizer pre-step hook.  Its replicas finish minibatch i and save i+1, so the
+dead rank's own RNG state for i+1 must already have been captured: jitckpt
+does that when minibatch i's first gradient collective is issued (its forward
+passes are over by then).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import JOB_TIMEOUT, REPO, JobResult, job_env, run_jit
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = REPO / "tests" / "user_programs" / "clip_and_die.py"
+ARGS = ["--steps", "16", "--accum", "2"]
+
+
+@pytest.fixture(scope="module")
+def clip_fault_free_sha() -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", str(SCRIPT), *ARGS]
+    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=REPO)
+    result = JobResult(proc.returncode, proc.stdout + proc.stderr, None)
+    assert result.returncode == 0 and result.sha, result.output[-3000:]
+    return result.sha
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_death_between_backward_and_step_resumes_with_the_right_random_numbers(tmp_path, clip_fault_free_sha, how):
+    step = 6
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=[*ARGS, "--die", f"1:{step}:{how}"])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    # The replicas finished minibatch 6 (its all-reduce was complete) and saved 7.
+    assert failure["resumed_from_minibatch"] == step + 1, failure
+    assert "no RNG state for rank" not in result.output, result.output[-4000:]
+    assert result.sha == clip_fault_free_sha, "parameters differ from the fault-free run\n" + result.output[-4000:]

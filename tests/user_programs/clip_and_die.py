@@ -1,0 +1,72 @@
+"""A user's training loop with work between backward() and optimizer.step(), and a rank that dies there.
+
+The job is examples/train_mlp.py's (same model, data, dropout with per-rank
+seeds, gradient accumulation, jitckpt's two calls), but the loop is written
+out the way many scripts are: after backward it clips the gradients and logs
+``loss.item()``, and only then steps the optimizer.  With ``--die RANK:STEP``
+that rank kills (``kill``) or freezes (``stop``) itself right there, in user
+code, in the first attempt only: outside every jitckpt hook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from mlp_job import add_job_args, batch, build, parameters_sha256  # noqa: E402
+from train_mlp import use_jitckpt  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    add_job_args(p)
+    p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop), first attempt only")
+    p.add_argument("--log-every", type=int, default=1000)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    die_rank, die_step, how = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")
+    model, optimizer, scheduler = build(args, rank)
+    progress = {"step": 0}
+    start, _ = use_jitckpt(model, optimizer, scheduler, progress)
+    ddp = DDP(model)
+    loss_fn = nn.MSELoss()
+    for step in range(start, args.steps):
+        progress["step"] = step
+        for micro in range(args.accum):
+            x, y = batch(args, step, micro, rank)
+            if micro < args.accum - 1:
+                with ddp.no_sync():
+                    (loss_fn(ddp(x), y) / args.accum).backward()
+            else:
+                loss = loss_fn(ddp(x), y) / args.accum
+                loss.backward()
+        # ---- user code between backward() and step() ----
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=1.0)
+        logged = loss.item()
+        if attempt == 0 and rank == int(die_rank) and step == int(die_step):
+            print(f"rank {rank}: dying ({how}) between backward and step of minibatch {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        if rank == 0 and (step + 1) % args.log_every == 0:
+            print(f"step {step + 1} loss {logged:.5f}", flush=True)
+    if rank == 0:
+        print(f"final parameters sha256 {parameters_sha256(model)}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
