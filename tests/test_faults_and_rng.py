@@ -53,7 +53,7 @@ def test_rng_capture_restore_reproduces_random_streams():
     random.seed(7)
     state = rng_state.capture()
     first = (torch.rand(5), random.random())
-    rng_state.restore(pickle.loads(pickle.dumps(state)))
+    rng_state.restore(bytes(state))
     second = (torch.rand(5), random.random())
     assert torch.equal(first[0], second[0]) and first[1] == second[1]
 
@@ -67,7 +67,7 @@ def test_rng_capture_follows_every_generator_between_captures():
     numpy.random.seed(3)
     rng_state.capture()
     torch.rand(2), random.random(), numpy.random.rand(2), numpy.random.normal()  # noqa: B018
-    state = pickle.loads(pickle.dumps(rng_state.capture()))
+    state = rng_state.capture()
     expected = (torch.rand(4), random.random(), numpy.random.rand(3), numpy.random.normal())
     torch.rand(9), random.random(), numpy.random.rand(9)  # noqa: B018  (move every stream on)
     rng_state.restore(state)
@@ -102,8 +102,49 @@ def test_rng_stash_keeps_two_steps_and_survives_the_writer(tmp_path):
     assert sorted(slots) == [3, 4]
     torch.manual_seed(4)
     expected = torch.rand(3)
-    rng_state.restore(pickle.loads(slots[4]))
+    rng_state.restore(slots[4])
     assert torch.equal(torch.rand(3), expected)
+
+
+class _Planted:
+    """What an attacker would put into a checkpoint: a pickle that runs code when loaded."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (open, (self.marker, "w"))
+
+
+def test_restoring_never_executes_what_it_reads(tmp_path):
+    marker = tmp_path / "planted-code-ran"
+    planted = pickle.dumps({"torch_cpu": _Planted(str(marker))})
+    before = torch.get_rng_state()
+    with pytest.raises(rng_state.RngStateError, match="not a jitckpt RNG state"):
+        rng_state.restore(planted)
+    assert not marker.exists(), "restoring an RNG state ran code from the file"
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "unknown-kind", "short-python", "no-cpu"])
+def test_malformed_rng_states_are_refused_and_change_nothing(damage):
+    good = rng_state.capture()
+    magic = len(rng_state.MAGIC)
+    if damage == "truncate":
+        bad = good[:-7]
+    elif damage == "unknown-kind":
+        bad = good + bytes([9]) + (0).to_bytes(4, "little")
+    elif damage == "short-python":
+        bad = rng_state.MAGIC + bytes([rng_state.PYTHON]) + (8).to_bytes(4, "little") + b"\0" * 8
+    else:
+        kind, length = good[magic], int.from_bytes(good[magic + 1:magic + 5], "little")
+        assert kind == rng_state.TORCH_CPU
+        bad = rng_state.MAGIC + good[magic + 5 + length:]
+    random.seed(11)
+    before = (torch.get_rng_state(), random.getstate())
+    with pytest.raises(rng_state.RngStateError):
+        rng_state.restore(bad)
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
 
 
 def test_torn_stash_slot_is_ignored(tmp_path):

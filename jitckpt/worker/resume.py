@@ -10,7 +10,6 @@ carried the host stash that held it.
 from __future__ import annotations
 
 import os
-import pickle
 import warnings
 from typing import TYPE_CHECKING
 
@@ -46,7 +45,14 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
     rt.resumed_from = info.step
     payload = _find_rng_payload(rt, info)
     if payload is not None:
-        rng_state.restore(pickle.loads(payload))
+        try:
+            rng_state.restore(payload)
+        except rng_state.RngStateError as exc:
+            raise CheckpointError(
+                f"{info.path}: the RNG state stored for rank {rt.rank} is unusable ({exc}); nothing was loaded "
+                f"from it. Its checksum matched, so it was written that way or replaced together with the "
+                f"metadata: check who can write to {rt.checkpoint_root}"
+            ) from None
     else:
         log(
             f"no RNG state for rank {rt.rank} at minibatch {info.step} in any replica "

@@ -93,7 +93,7 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
 
 def rng_file_name(rank: int) -> str:
     """Where rank ``rank``'s RNG state sits inside a rank checkpoint."""
-    return f"{RNG_DIR}/rank-{rank:05d}.pkl"
+    return f"{RNG_DIR}/rank-{rank:05d}.bin"
 
 
 def _copy_rng_stashes(rt: "JitRuntime", directory: Path, step: int) -> list[int]:
