@@ -24,6 +24,7 @@ from pathlib import Path
 from jitckpt import config, eventlog, faults, native
 from jitckpt.launch import report
 from jitckpt.store import CheckpointError, DiskStore, check_writable, is_complete
+from jitckpt.store.disk import make_private_dir
 from jitckpt.validate import argparse_type, positive_number
 
 
@@ -112,7 +113,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
 
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     run_dir = root / ".jitckpt" / f"run-{run_id}"
-    run_dir.mkdir(parents=True)
+    make_private_dir(run_dir, parents=True)
     shm_root = Path("/dev/shm") if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK) else run_dir
     shm_dir = shm_root / f"jitckpt-{run_id}"
 

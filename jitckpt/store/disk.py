@@ -8,6 +8,11 @@ Layout under the checkpoint directory::
                                    size, parallel coordinates, file checksums
         .rank-00001.partial-4711/  a save still running, or one that died
 
+Every directory jitckpt creates here is owner-only (0700) and its metadata
+0600, whatever the umask; a root that other users can write to is refused
+(``check_private``), as ssh refuses such a key directory: whoever can write
+there decides what every rank loads.
+
 A save writes into a hidden ``.partial`` directory, checksums every file,
 writes the metadata, then renames the directory to ``rank-NNNNN`` in one
 atomic step.  A torn save therefore never has the final name, and a directory
@@ -47,15 +52,48 @@ def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
 
 
+PRIVATE_DIR_MODE = 0o700
+
+
+def make_private_dir(path: Path, parents: bool = False) -> None:
+    """Create directory ``path`` (and missing parents) owner-only, whatever the umask; an existing one is left as is."""
+    if parents and not path.parent.exists():
+        make_private_dir(path.parent, parents=True)
+    try:
+        os.mkdir(path, PRIVATE_DIR_MODE)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+        return
+    os.chmod(path, PRIVATE_DIR_MODE)  # mkdir's mode is masked by the umask
+
+
+def check_private(root: Path) -> None:
+    """Refuse a checkpoint root that another user owns or can write to (CheckpointError says how to fix it)."""
+    st = os.stat(root)
+    if st.st_uid != os.getuid() and os.getuid() != 0:
+        raise CheckpointError(
+            f"checkpoint directory {root} belongs to another user (uid {st.st_uid}); jitckpt loads what it finds "
+            f"there into every rank, so it must be yours: pass a --checkpoint-dir you own"
+        )
+    if st.st_mode & 0o022:
+        raise CheckpointError(
+            f"checkpoint directory {root} can be written by other users (mode {st.st_mode & 0o777:o}); anyone who can "
+            f"write there decides what every rank loads. Run `chmod go-w {root}` or pass a private --checkpoint-dir"
+        )
+
+
 def check_writable(root: str | os.PathLike) -> Path:
-    """Create ``root`` if needed and prove a file can be written, renamed and removed there.
+    """Create ``root`` if needed (owner-only), check it is private, and prove a file can be written,
+    renamed and removed there.
 
     Raises CheckpointError naming the directory and the fix, so the problem is
     reported at start-up and not when a failure has already happened.
     """
     path = Path(root).expanduser().resolve()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        make_private_dir(path, parents=True)
+        check_private(path)
         probe = path / f".jitckpt-write-probe-{os.getpid()}"
         with open(probe, "wb") as f:
             f.write(b"probe")
@@ -100,12 +138,12 @@ class PendingSave(PendingCheckpoint):
         self.step = step
         self.coords = coords
         self.step_path = step_dir(self.root, step)
-        self.step_path.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.step_path, parents=True)
         self.final_path = self.step_path / rank_dir_name(coords.rank)
         self.path = self.step_path / f".{rank_dir_name(coords.rank)}.partial-{os.getpid()}"
         if self.path.exists():
             shutil.rmtree(self.path)
-        self.path.mkdir()
+        make_private_dir(self.path)
 
     def commit(self, extra_meta: dict | None = None) -> Path:
         """Checksum the files, write metadata last, and atomically publish the directory.
@@ -135,7 +173,7 @@ class PendingSave(PendingCheckpoint):
         }
         meta.update(extra_meta or {})
         tmp = self.path / (META_FILE + ".tmp")
-        with open(tmp, "w") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             json.dump(meta, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from jitckpt import config, eventlog
 from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, select
+from jitckpt.store.disk import check_private
 from jitckpt.worker import ddp_layout, rng_state
 from jitckpt.worker.console import log
 from jitckpt.worker.save import rng_file_name
@@ -27,6 +28,8 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
     """Find (once per process) the checkpoint this rank resumes from; warnings about skipped ones are printed."""
     if rt.located:
         return rt.checkpoint
+    if rt.checkpoint_root.is_dir():
+        check_private(rt.checkpoint_root)  # CheckpointError: the script stops before loading anything
     allow = os.environ.get(config.ENV_ALLOW_WORLD_SIZE_CHANGE) == "1"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointWarning)

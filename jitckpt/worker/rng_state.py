@@ -38,6 +38,8 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from jitckpt.store.disk import make_private_dir
+
 _SLOT_SIZE = 1 << 16
 _MT19937_STATE_BYTES = 624 * 4 + 4  # uint32 key[624]; int pos
 # seq (odd while writing), step, payload length, crc32 of payload
@@ -194,7 +196,7 @@ class RngStash:
     """A rank's two-slot RNG stash in host shared memory (writer side)."""
 
     def __init__(self, shm_dir: str | os.PathLike, rank: int) -> None:
-        Path(shm_dir).mkdir(parents=True, exist_ok=True)
+        make_private_dir(Path(shm_dir), parents=True)
         self.path = stash_path(shm_dir, rank)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
