@@ -5,12 +5,22 @@ jit-run builds on torchrun rather than beside it: rendezvous (c10d, etcd),
 torchrun's.  This module runs ``torch.distributed.run.main`` with five small
 patches to its ``LocalElasticAgent`` and process context:
 
-1. **Grace period.**  When one worker exits, the agent tears down all local
+1. **Grace period.**  When one worker exits, torchrun tears down all local
    workers (SIGTERM, then SIGKILL after a timeout).  Healthy workers turn that
-   SIGTERM into a JIT save, so the timeout becomes ``--save-grace``.
+   SIGTERM into a JIT save, so the timeout becomes ``--save-grace`` (in place
+   of torchrun's ``--shutdown-timeout``).  torchrun has several teardown
+   paths, and all of them end in ``PContext.close``, so that is what is
+   patched: ``SubprocessContext._poll`` (and ``MultiprocessContext._poll``)
+   calls ``self.close()`` with its own 30 s default as soon as a worker fails;
+   ``LocalElasticAgent._shutdown`` calls it from ``_stop_workers`` (restart
+   after a failure or a membership change, giving up after
+   ``--max-restarts``, a worker stuck in D-state) and from ``run`` (the
+   SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers torchrun installs raise
+   ``SignalException`` there, and its ``finally``).
 2. **Frozen workers.**  A worker stopped by SIGSTOP (a hung node, in tests)
-   cannot save and cannot act on SIGTERM; it is killed at once instead of
-   holding the teardown for the whole grace period.
+   cannot save and cannot act on SIGTERM; on every teardown path (the same
+   ``PContext.close``) it is killed at once instead of holding the teardown
+   for the whole grace period.
 3. **Events.**  Worker failures and restarts are written to the job's event
    log for the recovery report.
 4. **Crashes after a finished script.**  A worker whose training script
@@ -47,26 +57,55 @@ def _process_state(pid: int) -> str:
         return "?"
 
 
+def _teardown_timeout() -> float:
+    """Patch 1: seconds a teardown waits between SIGTERM and SIGKILL: jit-run's --save-grace."""
+    return config.env_float(config.ENV_SAVE_GRACE, config.DEFAULT_SAVE_GRACE)
+
+
+def _kill_frozen_workers(pcontext: Any) -> None:
+    """Patch 2: SIGKILL every worker of ``pcontext`` that is stopped (state T), and record it."""
+    try:
+        pids = pcontext.pids()
+    except AssertionError:  # MultiprocessContext before start(): nothing to kill
+        return
+    for local_rank, pid in pids.items():
+        if _process_state(pid) == "T":
+            rank = getattr(pcontext, "envs", {}).get(local_rank, {}).get("RANK")
+            eventlog.record("worker_frozen_killed", rank=None if rank is None else int(rank), worker_pid=pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _patch_teardown() -> None:
+    """Patches 1 and 2 on ``PContext.close``, where every torchrun teardown path ends."""
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    original_close = getattr(PContext, "close", None)
+    if original_close is None:
+        print("[jit-run] warning: this torch has no PContext.close; torchrun's own teardown timeout applies "
+              "(--save-grace and the killing of frozen workers are not in effect)", file=sys.stderr, flush=True)
+        return
+    if getattr(original_close, "_jitckpt_patched", False):
+        return
+
+    def close(self: Any, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
+        # ``timeout`` is torchrun's (30 s, --shutdown-timeout or a caller's default): --save-grace replaces it.
+        _kill_frozen_workers(self)
+        original_close(self, death_sig, _teardown_timeout())  # type: ignore[arg-type]
+
+    close._jitckpt_patched = True  # type: ignore[attr-defined]
+    PContext.close = close  # type: ignore[method-assign]
+
+
 def patch_agent() -> None:
     """Install the patches on torchrun's LocalElasticAgent and its process context."""
     from torch.distributed.elastic.agent.server import api as agent_api
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    grace = config.env_float(config.ENV_SAVE_GRACE, config.DEFAULT_SAVE_GRACE)
-    original_shutdown = LocalElasticAgent._shutdown
     original_monitor = LocalElasticAgent._monitor_workers
     original_restart = agent_api.SimpleElasticAgent._restart_workers
-
-    def shutdown(self: Any, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        pcontext = getattr(self, "_pcontext", None)
-        if pcontext is not None:
-            group = getattr(self, "_worker_group", None)
-            by_pid = {w.id: w.global_rank for w in group.workers} if group is not None else {}
-            for pid in pcontext.pids().values():
-                if _process_state(pid) == "T":
-                    eventlog.record("worker_frozen_killed", rank=by_pid.get(pid), worker_pid=pid)
-                    os.kill(pid, signal.SIGKILL)
-        original_shutdown(self, death_sig, max(timeout, int(grace + 1)))
 
     def monitor(self: Any, worker_group: Any) -> Any:
         result = original_monitor(self, worker_group)
@@ -102,8 +141,8 @@ def patch_agent() -> None:
         original_restart(self, worker_group)
         eventlog.record("restart_done")
 
+    _patch_teardown()
     _forgive_crashes_after_finished_scripts()
-    LocalElasticAgent._shutdown = shutdown
     LocalElasticAgent._monitor_workers = monitor
     agent_api.SimpleElasticAgent._restart_workers = restart
     agent_api.SimpleElasticAgent._rendezvous = rendezvous

@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                              f"[{config.ENV_HANG_TIMEOUT}, default %(default)s]")
     parser.add_argument("--save-grace", type=argparse_type(positive_number),
                         default=env(config.ENV_SAVE_GRACE, str(config.DEFAULT_SAVE_GRACE)),
-                        help=f"seconds healthy ranks get to finish their save before torchrun's teardown kills them "
+                        help=f"seconds healthy ranks get to finish their save before torchrun's teardown kills them, on every "
+                             f"teardown path (replaces torchrun's --shutdown-timeout; a frozen worker is killed at once) "
                              f"[{config.ENV_SAVE_GRACE}, default %(default)s]")
     parser.add_argument("--report", default=env(config.ENV_REPORT),
                         help=f"where to write the JSON recovery report [{config.ENV_REPORT}, "
