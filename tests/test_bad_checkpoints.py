@@ -30,7 +30,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path,
         state.write_bytes(bytes(data))
     second = run_jit(ckpt)
     assert second.returncode == 0, second.output[-4000:]
-    assert "fails its SHA-256 checksum" in second.output
+    assert "fails its xxh3_128 checksum" in second.output
     assert "resuming from minibatch 8" in second.output
     assert "already holds a complete checkpoint of minibatch 18" in second.output  # jit-run says it resumes
     assert second.sha == fault_free_sha
@@ -68,7 +68,7 @@ def test_planted_code_in_a_checkpoint_is_never_run(tmp_path):
         for name in list(meta["files"]):
             if name.startswith("jitckpt-rng/"):
                 (replica / name).write_bytes(payload)
-                meta["files"][name] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+                meta["files"][name] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}  # old format
                 planted += 1
         meta_path.write_text(json.dumps(meta))
     assert planted >= 4  # every rank's state, in every replica
