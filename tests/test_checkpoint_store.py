@@ -133,7 +133,7 @@ def test_step_is_used_only_when_every_model_shard_has_a_replica(tmp_path):
     save(tmp_path, 8, 2, tp=2)  # step 8 has no replica of tp shard 1
     info, warns = find(tmp_path, rank=3, tp=2)
     assert info.step == 5 and info.path.name == "rank-00001"
-    assert any("no complete replica" in w for w in warns)
+    assert any("no surviving copy of the shard of ranks 1,3 (tensor partition 1/2)" in w for w in warns), warns
     info, _ = find(tmp_path, rank=2, tp=2)
     assert info.step == 5  # all ranks agree on the step, whatever their shard
 
@@ -180,3 +180,152 @@ def test_prune_never_removes_the_newest_complete_step(tmp_path):
     assert DiskStore(tmp_path).prune(keep=3) == []
     info, _ = find(tmp_path, rank=1, tp=2)
     assert info.step == 20
+
+
+# ----- shard identities: FSDP2/DTensor meshes, HSDP, ZeRO (synthetic metadata) -----------------
+
+from jitckpt.store.shard import Sharding, format_ranks, parse_ranks  # noqa: E402
+from jitckpt.store.selection import is_complete  # noqa: E402
+
+
+def fsdp(world: int) -> Sharding:
+    """What the worker observes for fully_shard over a 1-D mesh of every rank: Shard(0) on dim 0."""
+    return Sharding("parameters (FSDP2/DTensor)", (world,), tuple(range(world)), (0,))
+
+
+def hsdp(replicate: int, shard: int) -> Sharding:
+    """HSDP: a (replicate, shard) mesh, placements (Replicate(), Shard(0)): split along dim 1 only."""
+    return Sharding("parameters (FSDP2/DTensor)", (replicate, shard), tuple(range(replicate * shard)), (1,))
+
+
+def zero(world: int) -> Sharding:
+    return Sharding("optimizer state (ZeroRedundancyOptimizer)", (world,), tuple(range(world)), (0,))
+
+
+def sharded(rank: int, world: int, *shardings: Sharding, known: bool = True, tp: int = 1) -> ParallelCoordinates:
+    return coords(rank, world, tp).with_sharding(shardings, known=known)
+
+
+def save_as(root: Path, step: int, who: ParallelCoordinates, payload: bytes = b"state") -> Path:
+    pending = store.PendingSave(root, step, who)
+    (pending.path / "state.pt").write_bytes(payload + b"-%d" % who.rank)
+    return pending.commit({"reason": "test"})
+
+
+def find_as(root: Path, who: ParallelCoordinates, **kw) -> tuple[CheckpointInfo | None, list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointWarning)
+        info = select(DiskStore(root), who, **kw)
+    return info, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("ranks", [[], [5], [0, 2], [0, 1, 2, 3], [0, 2, 4, 6], [1, 5, 9, 10, 11], [3, 2, 1, 0], [0, 1, 2, 7, 9]])
+def test_rank_lists_are_written_compactly_and_read_back(ranks):
+    assert list(parse_ranks(format_ranks(ranks))) == ranks
+    assert format_ranks(range(1024)) == "0-1023" and format_ranks(range(0, 16, 4)) == "0-12:4"
+
+
+def test_replica_groups_follow_the_observed_sharding():
+    # DDP: every rank holds the same state
+    assert coords(1, 4).replicas == (0, 1, 2, 3)
+    # FSDP2 over every rank: no two ranks hold the same shard
+    assert [sharded(r, 4, fsdp(4)).replicas for r in range(4)] == [(0,), (1,), (2,), (3,)]
+    # HSDP (replicate x shard = 2x2): the same shard position in both replicate groups
+    assert [sharded(r, 4, hsdp(2, 2)).replicas for r in range(4)] == [(0, 2), (1, 3), (0, 2), (1, 3)]
+    assert sharded(1, 4, hsdp(2, 2)).shard == sharded(3, 4, hsdp(2, 2)).shard != sharded(0, 4, hsdp(2, 2)).shard
+    # DDP with ZeroRedundancyOptimizer: parameters replicated, optimizer state split
+    assert sharded(2, 3, zero(3)).replicas == (2,)
+    # an env tensor-parallel layout and a mesh together: both must agree
+    assert sharded(1, 8, hsdp(2, 4), tp=2).replicas == (1, 5)
+    assert sharded(1, 8, hsdp(2, 2), tp=2).replicas == (1, 3)  # ranks 5 and 7 are outside the mesh
+    # not observed (no optimizer yet): its own rank only
+    assert sharded(2, 4, known=False).replicas == (2,)
+    assert sharded(1, 4, hsdp(2, 2)).describe() == "parameters (FSDP2/DTensor) shard 1/2"
+    assert sharded(0, 4, hsdp(2, 2)).describe(3) == "parameters (FSDP2/DTensor) shard 1/2"
+
+
+def test_shard_identity_is_recorded_in_the_metadata_and_read_back(tmp_path):
+    final = save_as(tmp_path, 7, sharded(1, 4, hsdp(2, 2)))
+    meta = json.loads((final / store.META_FILE).read_text())
+    assert meta["replicas"] == "1,3" and "FSDP2" in meta["shard"] and meta["sharding"][0]["sharded_dims"] == [1]
+    info = store.verify(final)
+    assert info.coords == sharded(1, 4, hsdp(2, 2)) and info.coords.replicas == (1, 3)
+    # metadata whose recorded shard contradicts its sharding is not trusted
+    meta["shard"] = "pp0/1 tp0/1"
+    (final / store.META_FILE).write_text(json.dumps(meta))
+    assert store.verify(final) is None
+    with pytest.raises(CheckpointError, match="inconsistent shard identity"):
+        store.verify_or_raise(final)
+
+
+def test_fsdp_shard_without_a_surviving_copy_falls_back_to_an_older_complete_step(tmp_path):
+    for rank in (0, 1):
+        save_as(tmp_path, 4, sharded(rank, 2, fsdp(2)))
+    save_as(tmp_path, 9, sharded(0, 2, fsdp(2)))  # rank 1 died: its shard has no copy at step 9
+    for rank in (0, 1):
+        info, warns = find_as(tmp_path, sharded(rank, 2, fsdp(2)))
+        assert info.step == 4 and info.path.name == f"rank-{rank:05d}"  # never another rank's shard
+        assert warns == [
+            f"skipping {tmp_path / 'step-00000009'}: no surviving copy of the shard of rank 1 "
+            f"(parameters (FSDP2/DTensor) shard 1/2): no rank holding it saved this step; "
+            f"falling back to the newest checkpoint that covers every shard"
+        ]
+    assert not is_complete(DiskStore(tmp_path), 9) and is_complete(DiskStore(tmp_path), 4)
+
+
+def test_fsdp_shard_without_a_surviving_copy_and_nothing_older_is_a_fresh_start(tmp_path):
+    save_as(tmp_path, 9, sharded(0, 2, fsdp(2)))
+    for rank in (0, 1):
+        info, warns = find_as(tmp_path, sharded(rank, 2, fsdp(2)))
+        assert info is None and len(warns) == 1 and "no surviving copy of the shard of rank 1" in warns[0]
+
+
+def test_hsdp_rank_resumes_from_the_replica_of_its_own_shard(tmp_path):
+    for rank in (0, 2, 3):  # rank 1 died; rank 3 holds the same shard in the other replicate group
+        save_as(tmp_path, 9, sharded(rank, 4, hsdp(2, 2)))
+    chosen = {rank: find_as(tmp_path, sharded(rank, 4, hsdp(2, 2))) for rank in range(4)}
+    assert {rank: (info.step, info.path.name) for rank, (info, _) in chosen.items()} == {
+        0: (9, "rank-00000"), 1: (9, "rank-00003"), 2: (9, "rank-00002"), 3: (9, "rank-00003")}
+    assert all(not warns for _, warns in chosen.values())
+    # before the rank has seen its optimizer, the checkpoints' recorded replica groups decide
+    info, _ = find_as(tmp_path, sharded(1, 4, known=False))
+    assert info.path.name == "rank-00003"
+
+
+def test_zero_optimizer_shards_are_never_swapped(tmp_path):
+    save_as(tmp_path, 9, sharded(0, 2, zero(2)))
+    info, warns = find_as(tmp_path, sharded(1, 2, zero(2)))
+    assert info is None and "optimizer state (ZeroRedundancyOptimizer) shard 1/2" in warns[0]
+
+
+def test_a_checkpoint_of_another_shard_layout_is_skipped_with_the_reason(tmp_path):
+    # written before shard identities were recorded, by a job jitckpt took for plain data parallel
+    for rank in (0, 1):
+        final = save(tmp_path, 9, rank, world=2)
+        meta = json.loads((final / store.META_FILE).read_text())
+        for key in ("shard", "replicas", "sharding", "sharding_known"):
+            del meta[key]
+        (final / store.META_FILE).write_text(json.dumps(meta))
+    info, warns = find(tmp_path, rank=1, world=2)  # a DDP job reads it as before
+    assert info.step == 9 and info.path.name == "rank-00001"
+    info, warns = find_as(tmp_path, sharded(1, 2, fsdp(2)))  # an FSDP job must not
+    assert info is None
+    assert any("rank-00001: it holds shard 'pp0/1 tp0/1' but rank 1 holds 'pp0/1 tp0/1; parameters (FSDP2/DTensor)"
+               in w and "sharded differently" in w for w in warns), warns
+    assert any("rank-00000: it holds shard 'pp0/1 tp0/1'" in w for w in warns), warns  # a replica by the old rule
+
+
+def test_a_checkpoint_saved_before_the_sharding_was_observed_is_its_own_ranks_only(tmp_path):
+    save_as(tmp_path, 9, sharded(0, 2, known=False))
+    info, warns = find_as(tmp_path, sharded(1, 2))
+    assert info is None and "no surviving copy of the shard of rank 1 (sharding not recorded)" in warns[0]
+    save_as(tmp_path, 9, sharded(1, 2, known=False))
+    info, _ = find_as(tmp_path, sharded(1, 2, fsdp(2)))
+    assert info.path.name == "rank-00001"
+
+
+def test_a_sharded_checkpoint_is_not_loaded_at_another_world_size(tmp_path):
+    for rank in (0, 1):
+        save_as(tmp_path, 9, sharded(rank, 2, fsdp(2)))
+    info, warns = find_as(tmp_path, sharded(0, 4, fsdp(4)), allow_world_size_change=True)
+    assert info is None and any("sharded over 2 ranks" in w for w in warns)

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from jitckpt import config
 from jitckpt.jit_event import JitReason
-from jitckpt.worker import ddp_layout, resume
+from jitckpt.worker import ddp_layout, resume, sharding
 from jitckpt.worker.runtime import JitRuntime
 from jitckpt.worker.save import in_jit_save
 
@@ -58,6 +58,7 @@ def install(runtime: JitRuntime) -> None:
 
     register_optimizer_step_pre_hook(lambda opt, args, kwargs: runtime.optimizer_pre_step(opt))
     register_optimizer_step_post_hook(lambda opt, args, kwargs: runtime.optimizer_post_step(opt))
+    sharding.install()  # notes optimizers: which ranks hold the same state (FSDP, ZeRO, DDP)
     _give_each_attempt_its_own_store(runtime)
     _patch_collectives(runtime)
     _patch_ddp(runtime)

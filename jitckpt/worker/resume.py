@@ -16,17 +16,25 @@ from typing import TYPE_CHECKING
 from jitckpt import config, eventlog
 from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, select
 from jitckpt.store.disk import check_private
-from jitckpt.worker import ddp_layout, rng_state
+from jitckpt.worker import ddp_layout, rng_state, sharding
 from jitckpt.worker.console import log
 from jitckpt.worker.save import rng_file_name
 
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
+_logged: set[str] = set()
+
 
 def locate(rt: "JitRuntime") -> CheckpointInfo | None:
-    """Find (once per process) the checkpoint this rank resumes from; warnings about skipped ones are printed."""
-    if rt.located:
+    """Find the checkpoint this rank resumes from; warnings about skipped ones are printed.
+
+    Once per process, and again if the rank's shard identity has changed since
+    (a DDP module built before the optimizer that shards its state: the first
+    look could only trust the checkpoints' recorded replica groups).
+    """
+    coords = sharding.refresh(rt)
+    if rt.located and (rt.checkpoint_for is None or rt.checkpoint_for == coords):
         return rt.checkpoint
     if rt.checkpoint_root.is_dir():
         check_private(rt.checkpoint_root)  # CheckpointError: the script stops before loading anything
@@ -34,9 +42,15 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointWarning)
         info = select(rt.store, rt.coords, allow_world_size_change=allow)
-    for warning in caught:
-        log(f"warning: {warning.message}")
-    rt.checkpoint, rt.located = info, True
+    lines = [f"warning: {warning.message}" for warning in caught]
+    if info is None and rt.store.list_steps():
+        lines.append(f"no checkpoint in {rt.checkpoint_root} covers every shard of this job: "
+                     f"a fresh start from minibatch 0")
+    for line in lines:
+        if line not in _logged:  # a second look (identity now known) repeats only what is new
+            _logged.add(line)
+            log(line)
+    rt.checkpoint, rt.located, rt.checkpoint_for = info, True, coords
     if info is not None:
         ddp_layout.load(info.path)
     return info
@@ -44,6 +58,7 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
 
 def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
     """Adopt a checkpoint's step and restore this rank's own RNG state from it."""
+    rt.checkpoint_for = None  # the script loads it: settled, never selected again
     rt.step = info.step
     rt.resumed_from = info.step
     payload = _find_rng_payload(rt, info)
@@ -67,6 +82,7 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
 
 def fresh_start(rt: "JitRuntime") -> None:
     """No checkpoint: training starts at minibatch 0."""
+    rt.checkpoint_for = None  # settled, never selected again
     rt.stash_rng(rt.step)
     eventlog.record("fresh_start", rank=rt.rank, attempt=rt.attempt)
 

@@ -77,6 +77,7 @@ class JitRuntime:
         self.training_started = False  # set at this attempt's first collective or optimizer step
         self.located = False
         self.checkpoint: CheckpointInfo | None = None  # what this attempt resumes from (jitckpt.worker.resume)
+        self.checkpoint_for: ParallelCoordinates | None = None  # identity it was selected for; None once loaded
 
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[float, str]] = {}

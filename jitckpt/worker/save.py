@@ -6,7 +6,8 @@ stuck before the optimizer step.  It needs no collective: the user's
 ``save(path)`` writes this rank's state into a pending per-rank checkpoint;
 jitckpt adds every local rank's RNG state for the saved minibatch (dead ranks
 included, from the host's shared-memory stash) and DDP's bucket layout, and
-commits with metadata last.
+commits with metadata last, which records the rank's shard identity
+(``jitckpt.worker.sharding``: which ranks hold the same state).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 from jitckpt import config, eventlog
 from jitckpt.jit_event import JitReason
 from jitckpt.native import interposer
-from jitckpt.worker import ddp_layout, rng_state
+from jitckpt.worker import ddp_layout, rng_state, sharding
 from jitckpt.worker.console import log
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
     started = time.time()
     step, phase = rt.step, rt.phase
     try:
-        pending = rt.store.begin_save(step, rt.coords)
+        # Which ranks hold this state (FSDP/DTensor, ZeRO, DDP): recorded in the metadata.
+        pending = rt.store.begin_save(step, sharding.refresh(rt))
         # Forward passes of this minibatch may have updated BatchNorm statistics.
         buffers_rewound = rt.buffer_snapshots.rewind(step)
         _saving.active = True

@@ -1,0 +1,164 @@
+"""A user's sharded training job with jitckpt's two calls (tests/test_sharded.py).
+
+--mode fsdp   FSDP2 (``fully_shard``) over all ranks: every rank holds a
+              different shard of parameters and optimizer state.
+--mode hsdp   FSDP2 over a 2 x (world/2) mesh (replicate, shard): ranks at the
+              same shard position in the two replicate groups are replicas.
+--mode zero   DDP with ZeroRedundancyOptimizer: parameters replicated,
+              optimizer state sharded.
+
+--fault RANK:STEP:SIGNAL[:ATTEMPT] (repeatable): in torchrun restart ATTEMPT
+(default 0), rank RANK sends itself SIGNAL (KILL or TERM) at the start of
+minibatch STEP.  TERM is a preemption notice: jitckpt saves every rank.
+
+Every batch is a pure function of (step, rank) and there is no dropout, so a
+run is deterministic.  Each step ends with an all-reduce of the loss (for
+logging), as most training loops have.  The save function writes this rank's
+local shards only (no collective); rank 0 prints a SHA-256 of the full final
+parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import jitckpt
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["fsdp", "hsdp", "zero"], required=True)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--fault", action="append", default=[], help="RANK:STEP:SIGNAL[:ATTEMPT]")
+    return p.parse_args()
+
+
+def build(mode: str, world: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(1234)  # the same initial model on every rank; FSDP shards it
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    if mode == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model)
+        return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if mode == "hsdp":
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def _local(value):
+    """A DTensor's local shard; anything else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def use_jitckpt(mode: str, model: nn.Module, optimizer: torch.optim.Optimizer, progress: dict[str, int]) -> int:
+    """jitckpt's two calls; returns the minibatch to start at."""
+    # ZeroRedundancyOptimizer's own state_dict() gathers every shard (a collective):
+    # a JIT save must not, so save and load this rank's local optimizer instead.
+    local_opt = optimizer.optim if mode == "zero" else optimizer
+
+    def save(path: str) -> None:
+        opt_state = local_opt.state_dict()
+        opt_state["state"] = {i: {k: _local(v) for k, v in s.items()} for i, s in opt_state["state"].items()}
+        torch.save(
+            {"model": {k: _local(v) for k, v in model.state_dict().items()}, "optimizer": opt_state,
+             "step": progress["step"]},
+            os.path.join(path, "state.pt"),
+        )
+
+    jitckpt.register_save_checkpoint(save)
+    path = jitckpt.jit_get_checkpoint_path()
+    if not path:
+        return 0
+    state = torch.load(os.path.join(path, "state.pt"))
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            _local(value).copy_(state["model"][name])
+    if mode != "zero":
+        # Adam's moments are DTensors shaped like their parameters: rebuild them from the local shards.
+        from torch.distributed.tensor import DTensor
+
+        params = [p for group in local_opt.param_groups for p in group["params"]]
+        for index, entry in state["optimizer"]["state"].items():
+            p = params[index]
+            for key, value in entry.items():
+                if key != "step":
+                    entry[key] = DTensor.from_local(value, p.device_mesh, p.placements, run_check=False,
+                                                    shape=p.shape, stride=p.stride())
+    local_opt.load_state_dict(state["optimizer"])
+    return state["step"]
+
+
+def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def maybe_fault(faults: list[str], rank: int, step: int) -> None:
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    for spec in faults:
+        fields = spec.split(":")
+        r, s, sig = int(fields[0]), int(fields[1]), fields[2]
+        a = int(fields[3]) if len(fields) > 3 else 0
+        if (r, s, a) == (rank, step, attempt):
+            print(f"rank {rank}: SIG{sig} to myself at minibatch {step} (attempt {attempt})", flush=True)
+            os.kill(os.getpid(), getattr(signal, f"SIG{sig}"))
+            time.sleep(2)  # a preemption notice (TERM) takes effect by the next collective
+
+
+def parameters_sha256(model: nn.Module) -> str:
+    """SHA-256 of the full parameters (gathers shards: call on every rank)."""
+    digest = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        digest.update(name.encode())
+        digest.update(full.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def main() -> None:
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, optimizer = build(args.mode, world)
+    progress = {"step": 0}
+    start = use_jitckpt(args.mode, model, optimizer, progress)
+    loss_fn = nn.MSELoss()
+    for step in range(start, args.steps):
+        progress["step"] = step
+        maybe_fault(args.fault, rank, step)
+        x, y = batch(step, rank)
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        logged = loss.detach().clone()
+        dist.all_reduce(logged)
+        optimizer.step()
+    sha = parameters_sha256(model)
+    if rank == 0:
+        print(f"final parameters sha256 {sha}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
