@@ -16,11 +16,11 @@ if ! "$PY" -c 'import nvidia.nccl' 2>/dev/null; then
     say "installing nvidia-nccl-cu13 (nccl.h and libnccl.so.2 for the CPU device emulator)"
     "$PY" -m pip install --quiet --disable-pip-version-check nvidia-nccl-cu13
 fi
-if ! "$PY" -c 'import jitckpt, pytest, elftools, matplotlib, cffi, xxhash' 2>/dev/null || ! command -v jit-run >/dev/null; then
-    say "installing jitckpt (editable, with test and plot extras); this also builds the native parts"
+if ! "$PY" -c 'import jitckpt, pytest, elftools, matplotlib, cffi, xxhash, transformers, lightning, pytorch_lightning' 2>/dev/null || ! command -v jit-run >/dev/null; then
+    say "installing jitckpt (editable, with test, plot and frameworks extras); this also builds the native parts"
     "$PY" -m pip install --quiet --disable-pip-version-check "setuptools>=64" wheel
     # --no-build-isolation: the native build needs nccl.h from the nvidia-nccl-cu13 installed above
-    "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,plot]"
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,plot,frameworks]"
 fi
 if command -v nvcc >/dev/null && [ -d /usr/local/cuda/include ]; then
     # up to date after the install; rebuilds only what changed in a working tree

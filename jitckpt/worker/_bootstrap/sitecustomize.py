@@ -16,7 +16,10 @@ def _arm() -> None:
     try:
         import jitckpt.worker
 
-        jitckpt.worker.arm()
+        if jitckpt.worker.arm() is not None:
+            import jitckpt.adapters  # framework adapters attach when a Trainer is imported
+
+            jitckpt.adapters.install()
     except Exception as exc:  # never stop the user's script from starting
         print(f"[jitckpt] could not arm just-in-time checkpointing: {type(exc).__name__}: {exc}", file=sys.stderr)
 

@@ -1,0 +1,222 @@
+"""Hugging Face ``transformers.Trainer``: its own checkpoint, saved just in time, and its own resume.
+
+Attached when ``transformers.trainer`` is imported: ``Trainer.train`` is wrapped.
+At the start of ``train()`` the adapter
+
+- registers a JIT save that writes, into the directory jitckpt gives, what
+  ``Trainer._save_checkpoint`` writes and ``resume_from_checkpoint`` reads:
+  the model (``_save``: weights and config, training arguments), optimizer,
+  scheduler and scaler (``_save_optimizer_and_scheduler``, ``_save_scaler``),
+  ``rng_state_<rank>.pth`` for every rank on this host, and
+  ``trainer_state.json``.  Every rank writes its own copy (HF writes on rank 0
+  only: ``args.should_save`` reads True on the save thread), and the collective
+  parts of ``_save_checkpoint`` are left out: the barrier before the best-model
+  check, ``store_flos`` (a broadcast; the state's ``total_flos`` lacks the FLOPs
+  since the last log), checkpoint rotation and the Hub push;
+- on a restart passes ``resume_from_checkpoint=<JIT checkpoint>``, so the
+  Trainer loads it and skips the data already trained on itself;
+- stashes the RNG state where HF's resume restores it: at the end of
+  ``on_epoch_begin`` for a step that starts an epoch (HF restores before the
+  epoch's data loader draws its seeds), at the start of ``on_step_begin``
+  for any other (after the step's batches were fetched); on a restart HF's
+  ``_load_rng_state`` puts back this rank's own state from jitckpt.
+
+HF's ``global_step`` counts optimizer steps, like jitckpt's minibatch, so
+``trainer_state.json`` holds the step the checkpoint is of (i, or i+1 after a
+failure inside a peer's optimizer step).  DeepSpeed, FSDP, XLA, SageMaker
+model parallelism and models sharded at load time are not covered: their
+saves gather across ranks.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import random
+from contextlib import ExitStack, contextmanager
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterator
+
+from jitckpt.adapters import base
+from jitckpt.worker import rng_state
+from jitckpt.worker.console import log
+from jitckpt.worker.save import in_jit_save
+
+if TYPE_CHECKING:
+    from jitckpt.worker.runtime import JitRuntime
+
+FRAMEWORK = "Hugging Face Trainer"
+
+
+def attach(module: ModuleType) -> None:
+    """Wrap ``Trainer.train`` of the just-imported ``transformers.trainer``."""
+    base.wrap_entry_point(module.Trainer, "train", "resume_from_checkpoint", _prepare)
+
+
+def _not_covered(trainer: Any) -> str | None:
+    from transformers.utils import is_sagemaker_mp_enabled, is_torch_xla_available
+
+    flags = {"is_deepspeed_enabled": "DeepSpeed", "is_fsdp_enabled": "FSDP", "is_fsdp_xla_enabled": "FSDP on XLA",
+             "is_distributed_loading_by_transformers": "a model sharded at load time"}
+    for flag, what in flags.items():
+        if getattr(trainer, flag, False):
+            return what
+    if is_torch_xla_available():
+        return "XLA"
+    if is_sagemaker_mp_enabled():
+        return "SageMaker model parallelism"
+    return None
+
+
+def _prepare(trainer: Any, rt: "JitRuntime", requested: Any) -> Any:
+    """Register the save, add the callbacks, and return what ``resume_from_checkpoint`` should be."""
+    what = _not_covered(trainer)
+    if what is not None:
+        log(f"{FRAMEWORK} with {what} is not covered by jitckpt's adapter (its save gathers across ranks); "
+            f"no JIT save is registered")
+        return requested
+    if not base.claim(rt, functools.partial(_jit_save, trainer, rt), FRAMEWORK):
+        return requested
+    path = base.resume_point(rt)
+    rng = base.MinibatchRng(rt)
+    step_begin, epoch_begin = _callback_classes()
+    callbacks = trainer.callback_handler.callbacks
+    callbacks[:] = [c for c in callbacks if not isinstance(c, (step_begin, epoch_begin))]  # (a second train())
+    # HF restores the RNG state after on_epoch_begin (a step that starts an epoch) or
+    # before on_step_begin (any other step): stash it at the same points.
+    callbacks.insert(0, step_begin(rng))
+    callbacks.append(epoch_begin(rng))
+    if path is None:
+        return requested
+
+    def load_rng_state(checkpoint: str) -> None:
+        """The state HF restores is this rank's own, from whichever replica carried it."""
+        del trainer._load_rng_state  # once
+        rng.restore()
+
+    trainer._load_rng_state = load_rng_state
+    if requested not in (None, False):
+        log(f"{FRAMEWORK}: resume_from_checkpoint={requested!r} replaced by the newer JIT checkpoint")
+    return str(path)
+
+
+def _starts_epoch(step: int, loader: Any, accumulation: int) -> bool:
+    """True if optimizer step ``step`` is the first of an epoch, by the rule HF's resume uses."""
+    try:
+        batches = len(loader)
+    except TypeError:  # no length (IterableDataset): HF skips no data and restores mid-epoch
+        return False
+    per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
+    return step % per_epoch == 0
+
+
+@functools.cache
+def _callback_classes() -> tuple[type, type]:
+    from transformers import TrainerCallback
+
+    class JitckptStepBegin(TrainerCallback):
+        """First in line: the RNG state a step that does not start an epoch starts with."""
+
+        def __init__(self, rng: base.MinibatchRng) -> None:
+            self.rng = rng
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
+            if not _starts_epoch(state.global_step, train_dataloader, args.gradient_accumulation_steps):
+                self.rng.stash()
+
+    class JitckptEpochBegin(TrainerCallback):
+        """Last in line: the RNG state an epoch, and so its first step, starts with."""
+
+        def __init__(self, rng: base.MinibatchRng) -> None:
+            self.rng = rng
+
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.rng.stash()
+
+    return JitckptStepBegin, JitckptEpochBegin
+
+
+_MISSING = object()
+
+
+@contextmanager
+def _replaced(cls: type, name: str, replacement: Any) -> Iterator[None]:
+    """``cls.<name>`` is ``replacement`` while the context lasts."""
+    own = cls.__dict__.get(name, _MISSING)
+    setattr(cls, name, replacement)
+    try:
+        yield
+    finally:
+        if own is _MISSING:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, own)
+
+
+@contextmanager
+def _every_rank_writes(trainer: Any) -> Iterator[None]:
+    """On the JIT save thread every rank writes: each rank's checkpoint is a whole replica.
+
+    HF writes on rank 0 only: ``args.should_save``, and ``save_pretrained``
+    checks the process-group rank again (``should_save_on_this_rank``).
+    """
+    args_cls = type(trainer.args)
+    should_save = inspect.getattr_static(args_cls, "should_save")
+    with ExitStack() as stack:
+        stack.enter_context(_replaced(args_cls, "should_save", property(
+            lambda args: True if in_jit_save() else should_save.__get__(args, args_cls))))
+        model_cls = type(trainer.accelerator.unwrap_model(trainer.model))
+        on_this_rank = inspect.getattr_static(model_cls, "should_save_on_this_rank", None)
+        if on_this_rank is not None:  # (transformers 5)
+            stack.enter_context(_replaced(model_cls, "should_save_on_this_rank",
+                lambda model, is_main_process: is_main_process if in_jit_save() else on_this_rank(model, is_main_process)))
+        yield
+
+
+def _jit_save(trainer: Any, rt: "JitRuntime", path: str) -> None:
+    """The JIT save: the Trainer's checkpoint files for this rank, without collectives."""
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_callback import ExportableState
+
+    with _every_rank_writes(trainer):
+        trainer._save(path)
+        trainer._save_optimizer_and_scheduler(path)
+        trainer._save_scaler(path)
+    _write_rng_states(rt, path, trainer.args.world_size)
+    state = trainer.state
+    if state.global_step != rt.step:
+        log(f"{FRAMEWORK}: global_step is {state.global_step} but jitckpt counted {rt.step} optimizer steps "
+            f"(steps the gradient scaler skipped?); the Trainer resumes at its own global_step")
+    for callback in trainer.callback_handler.callbacks + [trainer.control]:  # as _save_checkpoint does
+        if isinstance(callback, ExportableState):
+            name = type(callback).__name__
+            if isinstance(state.stateful_callbacks.get(name), list):
+                state.stateful_callbacks[name].append(callback.state())
+            else:
+                state.stateful_callbacks[name] = callback.state()
+    state.save_to_json(os.path.join(path, TRAINER_STATE_NAME))
+
+
+def _write_rng_states(rt: "JitRuntime", path: str, world_size: int) -> None:
+    """``rng_state_<rank>.pth`` (HF's format) for every rank on this host, from the states stashed for the saved step."""
+    import numpy as np
+    import torch
+
+    if rt.shm_dir is None:
+        return
+    first_local = rt.rank - rt.local_rank
+    own = rng_state.capture()
+    try:
+        for rank in range(first_local, first_local + rt.local_world_size):
+            payload = rng_state.read_stash(rng_state.stash_path(rt.shm_dir, rank)).get(rt.step)
+            if payload is None:
+                continue
+            rng_state.restore(payload)  # (this thread saves, then the process ends: borrowing the generators is safe)
+            states = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+            if torch.cuda.is_initialized():  # (as Trainer._save_rng_state stores it)
+                states["cuda"] = torch.cuda.random.get_rng_state_all() if world_size > 1 else torch.cuda.random.get_rng_state()
+            name = f"rng_state_{rank}.pth" if world_size > 1 else "rng_state.pth"
+            torch.save(states, os.path.join(path, name))
+    finally:
+        rng_state.restore(own)

@@ -1,0 +1,81 @@
+"""A Hugging Face Trainer job with no jitckpt code in it (tests/test_frameworks.py runs it).
+
+A tiny GPT-2 built from a config (nothing downloaded), an in-memory dataset the
+Trainer shuffles with its own seeding, dropout on, gradient accumulation 2.
+Rank 0 prints the sha256 of the final parameters.
+
+JOB_FAULT="kill|hang,rank=R,step=S" makes rank R SIGKILL or SIGSTOP itself in
+``on_step_begin`` of global step S, in the first attempt only
+(TORCHELASTIC_RESTART_COUNT 0): a failure the script itself knows nothing of.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from job_common import first_attempt, inject, parse_fault, print_result
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    def __init__(self, n: int, length: int, vocab: int) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.ids = torch.randint(0, vocab, (n, length), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class FaultInjector(TrainerCallback):
+    """Kill or freeze this rank at the start of one global step, in the first attempt only."""
+
+    def __init__(self, spec: str) -> None:
+        self.signal, where = parse_fault(spec)
+        self.rank, self.step = where["rank"], where["step"]
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if first_attempt() and args.process_index == self.rank and state.global_step == self.step:
+            inject(self.signal, f"rank {self.rank}, global step {self.step}")
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else "hf-output"
+    args = TrainingArguments(
+        output_dir=out,
+        num_train_epochs=3,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-3,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        weight_decay=0.01,
+        seed=7,
+        dataloader_drop_last=True,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        use_cpu=True,
+        ddp_backend="gloo",
+        ddp_find_unused_parameters=False,
+    )
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
+                        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, bos_token_id=0, eos_token_id=1)
+    set_seed(args.seed)
+    model = GPT2LMHeadModel(config)
+    callbacks = [FaultInjector(os.environ["JOB_FAULT"])] if os.environ.get("JOB_FAULT") else []
+    # 64 sequences, 2 ranks x 4 per device x 2 accumulation: 4 optimizer steps per epoch, 12 in all
+    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(64, 16, 64), callbacks=callbacks)
+    trainer.train()
+    if args.process_index == 0:
+        print_result(trainer.model.state_dict(), trainer.state.global_step)
+
+
+if __name__ == "__main__":
+    main()

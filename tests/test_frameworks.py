@@ -1,0 +1,151 @@
+"""Hugging Face Trainer and PyTorch Lightning jobs with no jitckpt code in them, under jit-run.
+
+The scripts (tests/framework_programs/) import only their framework.  A rank
+SIGKILLs or SIGSTOPs itself from a framework callback in the first attempt;
+jit-run's adapters (jitckpt/adapters/) save the framework's own checkpoint just
+in time and make the framework resume from it.  The final parameters must be
+bit-for-bit those of the same script under plain torchrun, with exactly one
+minibatch redone.  Both jobs: 2 ranks (gloo, CPU), dropout, a shuffled
+DataLoader seeded by the framework, gradient accumulation 2, 3 epochs of 4
+optimizer steps; one failure mid-epoch, one at the first step of an epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, job_env
+
+pytestmark = pytest.mark.slow
+
+REASON = "needs the frameworks extra (scripts/setup.sh installs it)"
+pytest.importorskip("transformers", reason=REASON)
+pytest.importorskip("lightning", reason=REASON)
+pytest.importorskip("pytorch_lightning", reason=REASON)
+
+import torch  # noqa: E402  (after the guard, as the frameworks' own imports are)
+
+PROGRAMS = REPO / "tests" / "framework_programs"
+HF_JOB = PROGRAMS / "hf_trainer_job.py"
+LIGHTNING_JOB = PROGRAMS / "lightning_job.py"
+TIMEOUT = 300
+
+
+def _run(script: Path, args: list[str], workdir: Path, fault: str = "", jit: bool = True) -> tuple[str, dict | None]:
+    """Run ``script`` on 2 ranks under jit-run (or plain torchrun); returns its output and jit-run's report."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = job_env()
+    env.pop("JOB_FAULT", None)
+    if fault:
+        env["JOB_FAULT"] = fault
+    torchrun = ["torchrun", "--standalone", "--nproc_per_node", "2", "--max-restarts", "2", str(script), *args]
+    report = workdir / "report.json"
+    if jit:
+        cmd = [sys.executable, "-m", "jitckpt", "--checkpoint-dir", str(workdir / "ckpt"), "--hang-timeout", "3",
+               "--save-grace", "30", "--report", str(report), *torchrun]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun[1:]]
+    proc = subprocess.run(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    return proc.stdout, json.loads(report.read_text()) if jit else None
+
+
+def _sha(output: str) -> str:
+    found = re.findall(r"final parameters sha256 ([0-9a-f]{64})", output)
+    assert found, output[-3000:]
+    return found[-1]
+
+
+def _one_recovery(report: dict, step: int, output: str) -> None:
+    assert report["outcome"] == "completed" and report["restarts"] == 1, output[-5000:]
+    (failure,) = report["failures"]
+    assert failure["resumed_from_minibatch"] == step, failure
+    assert failure["minibatches_redone"] == 1, failure
+    assert report["summary"]["minibatches_redone"] == 1, report["summary"]
+    assert failure["saves"] and all(s["minibatch"] == step for s in failure["saves"]), failure
+
+
+def _checkpoints(workdir: Path, step: int) -> list[Path]:
+    found = sorted((workdir / "ckpt" / f"step-{step:08d}").glob("rank-*"))
+    assert found, f"no JIT checkpoint of minibatch {step}"
+    return found
+
+
+@pytest.fixture(scope="module")
+def hf_fault_free(tmp_path_factory) -> str:
+    output, _ = _run(HF_JOB, [], tmp_path_factory.mktemp("hf-plain"), jit=False)
+    return _sha(output)
+
+
+HF_CASES = [("kill,rank=1,step=5", 5), ("hang,rank=0,step=8", 8)]
+
+
+@pytest.mark.parametrize("fault,step", HF_CASES, ids=["kill-mid-epoch", "hang-epoch-start"])
+def test_hf_trainer_bit_exact(tmp_path, hf_fault_free, fault, step):
+    output, report = _run(HF_JOB, [], tmp_path, fault=fault)
+    assert _sha(output) == hf_fault_free, "parameters differ from the fault-free run\n" + output[-5000:]
+    _one_recovery(report, step, output)
+    if fault.startswith("hang"):
+        assert any(d["how"] == "hang" for d in report["failures"][0]["detected_by"]), report["failures"]
+    for rank_dir in _checkpoints(tmp_path, step):
+        # the Trainer's own layout, its global_step that of the checkpoint, RNG files for both ranks on the host
+        names = {p.name for p in rank_dir.iterdir()}
+        assert {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "trainer_state.json",
+                "training_args.bin", "rng_state_0.pth", "rng_state_1.pth"} <= names, names
+        assert json.loads((rank_dir / "trainer_state.json").read_text())["global_step"] == step
+
+
+@pytest.fixture(scope="module")
+def lightning_fault_free(tmp_path_factory) -> str:
+    output, _ = _run(LIGHTNING_JOB, [], tmp_path_factory.mktemp("lightning-plain"), jit=False)
+    return _sha(output)
+
+
+# The hang freezes a rank before the second micro-batch: the other one waits in the
+# gradient all-reduce that Lightning runs inside optimizer.step(closure).  That run
+# imports the framework as pytorch_lightning (the same code under its other name).
+LIGHTNING_CASES = [
+    ("kill,rank=1,step=5,micro=0", 5, "lightning.pytorch"),
+    ("hang,rank=0,step=8,micro=1", 8, "pytorch_lightning"),
+]
+
+
+@pytest.mark.parametrize("fault,step,package", LIGHTNING_CASES, ids=["kill-mid-epoch", "hang-epoch-start-in-closure"])
+def test_lightning_bit_exact(tmp_path, lightning_fault_free, fault, step, package):
+    output, report = _run(LIGHTNING_JOB, [package], tmp_path, fault=fault)
+    assert _sha(output) == lightning_fault_free, "parameters differ from the fault-free run\n" + output[-5000:]
+    _one_recovery(report, step, output)
+    if fault.startswith("hang"):
+        (failure,) = report["failures"]
+        assert any(d["how"] == "hang" and d["phase"] == "allreduce" for d in failure["detected_by"]), failure
+    else:
+        assert "skips the 2 batches it already trained on" in output
+    for rank_dir in _checkpoints(tmp_path, step):
+        checkpoint = torch.load(rank_dir / "lightning.ckpt", weights_only=False)
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.automatic_optimization.optim_progress"]
+        assert checkpoint["global_step"] == step and progress["optimizer"]["step"]["total"]["completed"] == step
+
+
+def test_a_save_function_the_script_registers_wins():
+    """The adapters register the framework's save only where the script registered none of its own."""
+    from types import SimpleNamespace
+
+    from jitckpt.adapters import base
+
+    def users_save(path):
+        pass
+
+    rt = SimpleNamespace(save_fn=users_save)
+    assert not base.claim(rt, lambda path: None, "a framework")
+    assert rt.save_fn is users_save
+    rt = SimpleNamespace(save_fn=None)
+    first, second = (lambda path: None), (lambda path: None)
+    assert base.claim(rt, first, "a framework") and rt.save_fn is first
+    assert base.claim(rt, second, "a framework") and rt.save_fn is second  # a second train()/fit() replaces it
