@@ -61,10 +61,12 @@ def jit_get_checkpoint_path() -> str | None:
     """Directory of the newest complete, verified checkpoint covering this rank's shard, or None.
 
     On a restart after a failure this is a directory some data-parallel replica's
-    save() wrote (torn or corrupt ones are skipped with a warning).  Returning a
-    path also restores this rank's RNG state to the start of the checkpointed
-    minibatch, so call it after building the model and optimizer, right before
-    the training loop.  Returns None on a fresh start and outside jit-run.
+    save() wrote (torn or corrupt ones are skipped with a warning).  This rank's
+    own RNG state for the checkpointed minibatch is put back when that
+    minibatch starts (its first module forward), so random numbers the script
+    draws in between (a DataLoader iterator's seed) do not shift it.  Call it
+    after building the model and optimizer, before the training loop.  Returns
+    None on a fresh start and outside jit-run.
     """
     global _checkpoint_lookup_done, _checkpoint_path
     rt = worker.arm()

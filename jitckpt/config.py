@@ -35,6 +35,8 @@ ENV_RENDEZVOUS_ROUND = "JITCKPT_RENDEZVOUS_ROUND"
 # restart caused by another node leaving or joining the rendezvous.
 ENV_WORKER_GENERATION = "JITCKPT_WORKER_GENERATION"
 ENV_INTERPOSE = "JITCKPT_INTERPOSE"
+# "on"/"off": restarted workers come from standby interpreters that have already imported torch (jitckpt.launch.warm_start).
+ENV_WARM_RESTART = "JITCKPT_WARM_RESTART"
 ENV_TP_SIZE = "JITCKPT_TP_SIZE"
 ENV_PP_SIZE = "JITCKPT_PP_SIZE"
 ENV_ALLOW_WORLD_SIZE_CHANGE = "JITCKPT_ALLOW_WORLD_SIZE_CHANGE"
@@ -42,6 +44,7 @@ ENV_ALLOW_WORLD_SIZE_CHANGE = "JITCKPT_ALLOW_WORLD_SIZE_CHANGE"
 DEFAULT_CHECKPOINT_DIR = "./jit-checkpoints"
 DEFAULT_HANG_TIMEOUT = 60.0
 DEFAULT_SAVE_GRACE = 60.0
+DEFAULT_WARM_RESTART = "on"
 
 # Exit status of a worker that completed its just-in-time save (EX_TEMPFAIL:
 # "temporary failure, retry"); never 0, so torchrun's agent restarts the group.

@@ -28,6 +28,8 @@ class JitReason(str, enum.Enum):
     CUDA_HANG = "cuda-hang"
     #: The interposer saw a CUDA error while watching NCCL work.
     CUDA_ERROR = "cuda-error"
+    #: The interposer saw a communicator's asynchronous NCCL error (ncclCommGetAsyncError), e.g. a failed peer.
+    NCCL_ERROR = "nccl-error"
 
     def __str__(self) -> str:
         return self.value

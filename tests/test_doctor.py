@@ -245,7 +245,22 @@ def stand_ins(tmp_path_factory: pytest.TempPathFactory, gcc: str) -> dict[str, P
     _run([gcc, "-o", "prog_driver", "uses_driver.c", "-Llib", "-l:libcuda.so.1", *cudart, rpath], d)
     _run([gcc, "-o", "prog_cublas", "uses_cublas.c", "-Llib", "-l:libcublas.so.13", *cudart, rpath], d)
     _run([gcc, "-o", "prog_cuda12", "uses_rt12.c", "-Llib", "-l:libcudart.so.12", rpath], d)
-    return {"driver": d / "prog_driver", "cublas": d / "prog_cublas", "cuda12": d / "prog_cuda12", "dir": d}
+    # Stand-ins of PyTorch installations (never imported): torch/lib/libtorch_cuda.so of a CUDA 12
+    # build needs libcudart.so.12 and imports cudaMalloc@libcudart.so.12, as the real one does; a
+    # CUDA 13 build's needs the real libcudart.so.13; a CPU build has no libtorch_cuda.so at all.
+    (d / "torch_cuda.c").write_text("int cudaMalloc(void **, unsigned long);\n"
+                                    "int torch_cuda_alloc(void **p) { return cudaMalloc(p, 8); }\n")
+    for build, link, cuda in (("torch12", ["-Llib", "-l:libcudart.so.12"], "'12.8'"),
+                              ("torch13", cudart, "'13.0'"), ("torch_cpu", None, "None")):
+        pkg = d / build / "torch"
+        (pkg / "lib").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("raise ImportError('a stand-in: never imported')\n")
+        (pkg / "version.py").write_text(f"__version__ = '2.13.0'\ncuda: Optional[str] = {cuda}\n")
+        if link is not None:
+            _run([gcc, "-shared", "-fPIC", "-o", str(pkg / "lib" / "libtorch_cuda.so"), "torch_cuda.c", *link], d)
+    return {"driver": d / "prog_driver", "cublas": d / "prog_cublas", "cuda12": d / "prog_cuda12", "dir": d,
+            "runtime12": lib / "libcudart.so.12", "torch12": d / "torch12" / "torch",
+            "torch13": d / "torch13" / "torch", "torch_cpu": d / "torch_cpu" / "torch"}
 
 
 @pytest.fixture(scope="session")
@@ -460,6 +475,92 @@ def test_other_runtime_version_is_a_mismatch(stand_ins: dict[str, Path]) -> None
     assert imports_of(report)["cudaMalloc@libcudart.so.12"]["status"] == "version mismatch"
     for mode in ("passthrough", "transparent"):
         assert report["verdict"][mode]["status"] == "not supported"
+
+
+# --------------------------------------------------------------------------
+# the CUDA runtime ABI (libcudart.so.12 or .13), and jit-run's use of it
+# --------------------------------------------------------------------------
+
+
+def test_doctor_names_the_cuda_12_runtime_abi_and_says_it_is_not_covered(stand_ins: dict[str, Path]) -> None:
+    report = doctor_json(stand_ins["cuda12"])
+    abi = report["runtime_abi"]
+    assert abi["names"] == ["libcudart.so.12"] and abi["majors"] == [12] and abi["covered"] is False
+    assert "imports cudaMalloc@libcudart.so.12" in abi["evidence"]
+    reasons = [r["reason"] for r in report["verdict"]["passthrough"]["reasons"]]
+    assert "uses the libcudart.so.12 (CUDA 12) runtime, which jitckpt does not cover" in reasons
+    status, text, _ = run_doctor(str(stand_ins["cuda12"]))
+    header = " ".join(text.split("\n\n")[0].split())
+    assert "CUDA runtime ABI: libcudart.so.12 (CUDA 12): NOT covered." in header
+    assert "stands in front of libcudart.so.13 (CUDA 13) only" in header
+    assert "the Python watchdog stays in charge" in header
+
+
+def test_doctor_names_the_abi_of_a_library_that_needs_libcudart_12(stand_ins: dict[str, Path]) -> None:
+    """A PyTorch-like library, and the CUDA 12 runtime itself (a provider, not applicable, but named)."""
+    report = doctor_json(stand_ins["torch12"] / "lib" / "libtorch_cuda.so")
+    assert report["runtime_abi"]["names"] == ["libcudart.so.12"] and not report["runtime_abi"]["covered"]
+    assert report["verdict"]["passthrough"]["status"] == "not supported"
+    runtime = doctor_json(stand_ins["runtime12"])
+    assert runtime["verdict"]["passthrough"]["status"] == "not applicable"
+    assert runtime["runtime_abi"]["names"] == ["libcudart.so.12"] and not runtime["runtime_abi"]["covered"]
+    status, text, _ = run_doctor(str(stand_ins["runtime12"]))
+    assert "CUDA runtime ABI: libcudart.so.12 (CUDA 12): NOT covered" in " ".join(text.split())
+
+
+def test_doctor_names_the_covered_cuda_13_abi(cuda_builds: dict[str, Path], real_cudart: Path) -> None:
+    for path in (cuda_builds["shared"], real_cudart):
+        abi = doctor_json(path)["runtime_abi"]
+        assert abi["names"] == ["libcudart.so.13"] and abi["covered"] is True, (path, abi)
+    status, text, _ = run_doctor(str(cuda_builds["shared"]))
+    assert "CUDA runtime ABI: libcudart.so.13 (CUDA 13), the ABI jitckpt's interposer covers" in " ".join(text.split())
+    assert doctor_json(cuda_builds["static"])["runtime_abi"] is None  # no shared runtime in sight
+
+
+def test_torch_runtime_is_read_without_importing_torch(stand_ins: dict[str, Path]) -> None:
+    cuda12 = doctor.torch_runtime(stand_ins["torch12"])
+    assert cuda12 is not None and cuda12.abi is not None
+    assert cuda12.abi.names == ("libcudart.so.12",) and not cuda12.abi.covered
+    assert cuda12.abi.evidence == ("torch/lib/libtorch_cuda.so needs libcudart.so.12",)
+    cuda13 = doctor.torch_runtime(stand_ins["torch13"])
+    assert cuda13 is not None and cuda13.abi is not None and cuda13.abi.covered
+    cpu = doctor.torch_runtime(stand_ins["torch_cpu"])
+    assert cpu is not None and cpu.abi is None
+    # Without libtorch_cuda.so, torch/version.py's cuda string decides.
+    (stand_ins["torch_cpu"] / "version.py").write_text("cuda: Optional[str] = '12.6'\n")
+    try:
+        fallback = doctor.torch_runtime(stand_ins["torch_cpu"])
+        assert fallback.abi.names == ("libcudart.so.12",) and "torch/version.py says cuda '12.6'" in fallback.abi.evidence
+    finally:
+        (stand_ins["torch_cpu"] / "version.py").write_text("cuda: Optional[str] = None\n")
+    assert "torch" not in sys.modules or sys.modules["torch"].__file__ != str(stand_ins["torch12"] / "__init__.py")
+
+
+@pytest.mark.parametrize("interpose", ["on", "auto"])
+def test_jit_run_leaves_the_interposer_out_of_a_cuda_12_torch_job(
+        stand_ins: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], interpose: str) -> None:
+    """--interpose on|auto with a CUDA 12 PyTorch: a clear line, no preload, the Python watchdog in charge."""
+    from jitckpt.doctor import runtime_abi
+    from jitckpt.launch import launcher
+
+    monkeypatch.setattr(runtime_abi, "torch_dir", lambda: stand_ins["torch12"])
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    args = launcher.build_parser().parse_args(
+        ["--checkpoint-dir", str(tmp_path), "--interpose", interpose, "--emulated-gpus", "1",
+         "torchrun", "--nproc_per_node", "1", "train.py"])
+    _, env, _ = launcher.prepare(args)
+    assert "libjitckpt_interpose" not in env.get("LD_PRELOAD", "")
+    err = capsys.readouterr().err
+    line = next((l for l in err.splitlines() if "libcudart.so.12" in l), "")
+    assert "interposer" in line and "does not cover" in line, err
+    assert "Python watchdog stays in charge" in line and str(stand_ins["torch12"]) in line, err
+
+    # A CUDA 13 PyTorch gets the interposer.
+    monkeypatch.setattr(runtime_abi, "torch_dir", lambda: stand_ins["torch13"])
+    _, env, _ = launcher.prepare(args)
+    assert "libjitckpt_interpose.so" in env.get("LD_PRELOAD", "")
+    assert "libcudart.so.12" not in capsys.readouterr().err
 
 
 def test_resolution_agrees_with_the_real_loader(stand_ins: dict[str, Path], emulator_build: Path,

@@ -107,6 +107,7 @@ def programs(emulator: Path) -> dict[str, Path]:
         "streams": ("streams.cu", (), False),
         "streams_ptds": ("streams.cu", ("--default-stream", "per-thread"), False),
         "nccl_ranks": ("nccl_ranks.cu", (), True),
+        "graphs": ("graphs.cu", (), False),
         # Device code for cudaLibraryLoadFromFile, in the three forms it accepts.
         "library.fatbin": ("library_kernels.cu", ("-fatbin",), False),
         "library.cubin": ("library_kernels.cu", ("-cubin", "-arch=sm_80"), False),
@@ -564,3 +565,29 @@ def test_nccl_init_times_out_when_a_rank_never_joins(programs, tmp_path):
     assert proc.returncode == 1
     assert "ranks [1] of 2 never joined" in proc.stderr
     assert not (shm_segments() - before)
+
+
+# ---- stream capture and graphs ---------------------------------------------------
+
+
+def test_stream_capture_records_without_running_and_the_graph_runs_at_each_launch(programs):
+    """Fork/join across two streams inside a capture; nothing runs until cudaGraphLaunch."""
+    proc = run(programs["graphs"], "capture")
+    ok(proc, "OK capture")
+    assert "CAPTURED nothing ran" in proc.stdout and "LAUNCHED 3 times ok" in proc.stdout
+
+
+def test_querying_an_event_recorded_in_a_capture_fails_and_invalidates_it(programs):
+    """What a watchdog thread must never do during capture (a GPU forbids it too): cudaErrorCapturedEvent."""
+    ok(run(programs["graphs"], "captured_event"), "OK captured_event")
+
+
+def test_stream_capture_rules(programs):
+    """Legacy stream, synchronisation, isolation, wrong thread, relaxed mode, the thread's capture mode."""
+    ok(run(programs["graphs"], "rules"), "OK rules")
+
+
+def test_nccl_all_reduce_captured_in_a_graph_runs_at_every_launch(programs, tmp_path):
+    results = run_ranks(programs["nccl_ranks"], "graph", 2, tmp_path)
+    for rank, r in enumerate(results):
+        ok(r, f"OK graph rank {rank}")

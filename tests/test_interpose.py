@@ -15,7 +15,12 @@ same sonames, symbol versions and ABI).  These tests check, *on the emulator*:
   GIL inside a blocking CUDA call (the SIGUSR1 release), and when it enters
   one after the event;
 * device-to-host copies issued by the save on the blocked default stream
-  complete and return the right bytes (save-time redirection);
+  complete and return the right bytes (save-time redirection), for the saving
+  thread only and only while it saves;
+* a peer's failure that NCCL reports as an asynchronous error is a JIT event
+  long before the hang timeout;
+* the watchdog never queries an event recorded during CUDA graph capture,
+  and a collective hanging inside a graph launch is a JIT event;
 * each of those mechanisms is necessary: turned off, the save does not run.
 
 What only a GPU can confirm is listed in ``interpose/README.md``.
@@ -100,9 +105,10 @@ def _nvcc(out: Path, source: str, *flags: str) -> Path:
 def programs(library: Path) -> dict[str, Path]:
     """passthrough.cu built twice (default stream, per-thread default stream), cached by source hash."""
     jobs = {"passthrough": ("passthrough.cu", ()),
-            "passthrough_ptds": ("passthrough.cu", ("--default-stream", "per-thread"))}
+            "passthrough_ptds": ("passthrough.cu", ("--default-stream", "per-thread")),
+            "capture": ("capture.cu", ())}
     digest = hashlib.sha256()
-    for path in sorted(PROGRAMS.glob("*.cu")):
+    for path in sorted([*PROGRAMS.glob("*.cu"), *PROGRAMS.glob("*.h")]):
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(repr(sorted(jobs.items())).encode())
     digest.update(subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.encode())
@@ -174,6 +180,17 @@ def kill_at(procs: list[subprocess.Popen], deadline: float) -> list[subprocess.C
         if p.poll() is None:
             p.kill()
     return [subprocess.CompletedProcess(p.args, p.wait(), *p.communicate()) for p in procs]
+
+
+def without_and_with_the_preload(cmd: list[str], tmp_path: Path) -> tuple[list[subprocess.CompletedProcess], ...]:
+    """The same 2-rank job run plainly and under the interposer (counters printed; a 1 s hang timeout,
+    which a healthy run must never reach); both must succeed."""
+    plain = finish(start_ranks(cmd, 2, tmp_path, preload=False), 60)
+    assert all(r.returncode == 0 for r in plain), describe(plain)
+    env = {"JITCKPT_INTERPOSE_STATS": "1", "JITCKPT_HANG_TIMEOUT": "1"}
+    interposed = finish(start_ranks(cmd, 2, tmp_path, env=env), 60)
+    assert all(r.returncode == 0 for r in interposed), describe(interposed)
+    return plain, interposed
 
 
 def describe(results: list[subprocess.CompletedProcess]) -> str:
@@ -310,8 +327,11 @@ def test_generated_cdef_is_the_control_header_for_cffi(library):
     version = int(re.search(r"#define JITCKPT_INTERPOSE_API_VERSION (\d+)", header).group(1))
     constants = ffi.dlopen(None)  # the process itself: only the constants are read, no function
     assert constants.JITCKPT_INTERPOSE_API_VERSION == version
-    assert (constants.JITCKPT_INTERPOSE_HANG, constants.JITCKPT_INTERPOSE_CUDA_ERROR) == (1, 2)
-    assert ffi.sizeof("struct jitckpt_interpose_counters") == 8 * 12
+    assert (constants.JITCKPT_INTERPOSE_HANG, constants.JITCKPT_INTERPOSE_CUDA_ERROR,
+            constants.JITCKPT_INTERPOSE_NCCL_ERROR) == (1, 2, 3)
+    assert ffi.sizeof("struct jitckpt_interpose_counters") == 8 * 15
+    # Save mode is the calling thread's only (API version 2 dropped the whole-process flag).
+    assert "void jitckpt_interpose_save_in_progress(int on);" in cdef
     declared = set(re.findall(r"\b(jitckpt_interpose_\w+)\(", cdef))
     assert declared == {n for n in exports(library) if n.startswith("jitckpt_interpose_")}
 
@@ -337,13 +357,7 @@ def test_generator_names_a_fact_the_header_does_not_declare(tmp_path):
 
 @pytest.mark.parametrize("build", ["passthrough", "passthrough_ptds"])
 def test_passthrough_gives_identical_results_with_and_without_the_preload(programs, tmp_path, build):
-    cmd = [str(programs[build])]
-    plain = finish(start_ranks(cmd, 2, tmp_path, preload=False), 60)
-    assert all(r.returncode == 0 for r in plain), describe(plain)
-    # A short timeout: a healthy run must not raise a JIT event.
-    env = {"JITCKPT_INTERPOSE_STATS": "1", "JITCKPT_HANG_TIMEOUT": "1"}
-    interposed = finish(start_ranks(cmd, 2, tmp_path, env=env), 60)
-    assert all(r.returncode == 0 for r in interposed), describe(interposed)
+    plain, interposed = without_and_with_the_preload([str(programs[build])], tmp_path)
     for a, b in zip(plain, interposed):
         assert "RESULT " in a.stdout and a.stdout == b.stdout
         assert "jitckpt-interpose" not in a.stderr
@@ -398,6 +412,41 @@ def test_python_binding_is_inert_without_the_preload():
     interpose.set_timeout(5)
     with pytest.raises(ValueError):
         interpose.set_timeout(0)
+
+
+# ---- CUDA graph capture ----------------------------------------------------------------
+
+
+def test_the_watchdog_never_queries_an_event_recorded_during_graph_capture(programs, tmp_path):
+    """An NCCL event recorded and waited for inside a capture is a graph node, not a stream marker.
+
+    cudaEventQuery on it returns cudaErrorCapturedEvent and invalidates the capture (on a GPU and on
+    the emulator), so the watchdog must leave it alone: the capture, held open for 300 ms of 5 ms
+    polls, must end well, and the graph's all-reduce must give the right results at every launch."""
+    plain, interposed = without_and_with_the_preload([str(programs["capture"])], tmp_path)
+    for a, b in zip(plain, interposed):
+        assert "RESULT 32" in a.stdout and a.stdout == b.stdout
+    for r in interposed:
+        counters = stats(r.stderr)
+        assert counters["captured_records"] >= 1, counters   # the join event, recorded in the capture
+        assert counters["watches"] >= 1 and counters["jit_events"] == 0, counters
+        assert counters["graph_launches"] == 4, counters     # each launch of the graph was watched
+
+
+def test_a_collective_that_hangs_inside_a_graph_launch_is_a_jit_event(programs, tmp_path):
+    """Rank 1 never issues its third graph launch: rank 0's third launch never completes.
+
+    The interposer records an event of its own after each cudaGraphLaunch of a graph that captured
+    a collective, and watches it like an event behind an NCCL kernel."""
+    env = {"JITCKPT_HANG_TIMEOUT": str(TIMEOUT), "WITHHOLD_LAUNCH": "3"}
+    procs = start_ranks([str(programs["capture"])], 2, tmp_path, env=env)
+    started = time.monotonic()
+    results = kill_at(procs, started + 8 + TIMEOUT + MARGIN)
+    assert "rank 1: withholding launch 3" in results[1].stdout, describe(results)
+    assert "rank 0: launch 2 ok" in results[0].stdout and "launch 3 ok" not in results[0].stdout
+    found = re.search(r"JIT event: (cudaEvent \S+ recorded after cudaGraphLaunch .*)", results[0].stderr)
+    assert found, describe(results)
+    assert "not complete after" in found.group(1), found.group(1)
 
 
 # ---- hang detection and the JIT save ------------------------------------------------
@@ -462,8 +511,45 @@ def test_under_a_runtime_the_callback_triggers_it_and_its_save_thread_is_redirec
     procs, out = hang_ranks("runtime", 2, tmp_path)
     results = finish(procs, 60)
     record = check_saved(results, out, 0)
-    assert record["thread"] == "jitckpt-save"  # not the watchdog thread: whole-process redirection
+    assert record["thread"] == "jitckpt-save"  # not the watchdog thread: the save thread marked itself
     assert record["counters"]["gil_released"] == 1
+
+
+def test_save_mode_is_the_saving_threads_own_and_ends_with_the_save(library, tmp_path):
+    """Under a runtime, only the thread that saves has its copies redirected, and only while it saves.
+
+    A bystander thread's copy on the blocked default stream, issued during the save, stays behind the
+    hung collective (it never escapes the hang because another thread saves), and a copy issued after
+    save_in_progress(False) is not redirected."""
+    procs, out = hang_ranks("scoped", 2, tmp_path)
+    results = finish(procs, 60)
+    record = check_saved(results, out, 0)
+    assert record["thread"] == "jitckpt-save"
+    assert not record["bystander_escaped"], "a thread that was not saving had its copy redirected"
+    assert record["rc_after"] == 0
+    during, after = record["counters"]["redirected_ops"], record["counters_after"]["redirected_ops"]
+    assert after == during, f"a copy issued after the save ended was redirected ({during} -> {after})"
+
+
+def test_a_peers_asynchronous_nccl_error_is_a_jit_event_before_the_hang_timeout(library, tmp_path):
+    """Rank 1 dies before its third all-reduce: the others' communicators report ncclRemoteError.
+
+    The C watchdog polls ncclCommGetAsyncError of the communicators it has seen in NCCL calls and
+    raises a JIT event with reason nccl-error, seconds after the loss, while the hang timeout is
+    ten minutes away."""
+    procs, out = hang_ranks("peer_dies", 3, tmp_path, env={"JITCKPT_SIMDEV_FAULT": "", "JITCKPT_HANG_TIMEOUT": "600"})
+    results = kill_at(procs, time.monotonic() + 20)
+    assert results[1].returncode == 9 and "exiting before round 2" in results[1].stdout, describe(results)
+    for rank in (0, 2):
+        assert results[rank].returncode == SAVED_EXIT, describe(results)
+        record = json.loads((out / f"save-rank{rank}.json").read_text())
+        assert record["reason"] == "nccl-error", record
+        assert "ncclCommGetAsyncError" in record["detail"] and "ncclRemoteError" in record["detail"], record
+        assert record["seconds_after_hang"] < 10, record  # the hang timeout is 600 s
+        # The save's copies on the default stream, stuck behind the failed all-reduce, were redirected.
+        assert record["rc"] == [0, 0, 0] and record["memcpy_ok"] and record["memcpy_async_ok"], record
+        counters = record["counters"]
+        assert counters["jit_events"] == 1 and counters["nccl_comms"] == 1, counters
 
 
 def test_thread_that_blocks_with_the_gil_after_the_event_is_parked(library, tmp_path):

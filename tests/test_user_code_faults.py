@@ -23,13 +23,30 @@ SCRIPT = REPO / "tests" / "user_programs" / "clip_and_die.py"
 ARGS = ["--steps", "16", "--accum", "2"]
 
 
-@pytest.fixture(scope="module")
-def clip_fault_free_sha() -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", str(SCRIPT), *ARGS]
+def _fault_free_sha(*extra: str) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", str(SCRIPT), *ARGS, *extra]
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=REPO)
     result = JobResult(proc.returncode, proc.stdout + proc.stderr, None)
     assert result.returncode == 0 and result.sha, result.output[-3000:]
     return result.sha
+
+
+@pytest.fixture(scope="module")
+def clip_fault_free_sha() -> str:
+    return _fault_free_sha()
+
+
+def test_random_numbers_drawn_before_the_first_minibatch_do_not_shift_the_redone_one(tmp_path):
+    """The script creates a DataLoader iterator (a draw from the global generator) after
+    jit_get_checkpoint_path() and before its first minibatch: the redone minibatch must still
+    draw the dropout masks of the fault-free run."""
+    expected = _fault_free_sha("--loader-before-loop")
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=[*ARGS, "--loader-before-loop"],
+                     fault="rank=1,step=6,phase=forward,kind=kill")
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == 6 and failure["minibatches_redone"] == 1, failure
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
 
 
 @pytest.mark.parametrize("how", ["kill", "stop"])

@@ -41,6 +41,16 @@ static void destroy_locked(struct simdev_event *e)
     simdev_event_unref_locked(e);
 }
 
+/* An event last recorded in a capturing stream is a graph node: it cannot be
+ * queried or waited for on the host, and trying invalidates its capture. */
+static cudaError_t captured_event_locked(struct simdev_event *e, const char *op)
+{
+    simdev_trace("%s on event %p, last recorded in capture sequence %llu", op, (void *)e,
+                 e->captured_id);
+    simdev_capture_invalidate_id_locked(e->captured_id);
+    return cudaErrorCapturedEvent;
+}
+
 void simdev_event_complete_locked(struct simdev_event *e, uint64_t gen)
 {
     if (gen > e->done) {
@@ -126,6 +136,12 @@ cudaError_t simdev_event_record(cudaEvent_t event, cudaStream_t stream, int ptds
         pthread_mutex_unlock(&simdev_lock);
         return simdev_return(cudaErrorInvalidResourceHandle);
     }
+    /* On a capturing stream the record becomes a node of the graph (graph.c):
+     * the event is then a captured event, not a marker on a stream. */
+    struct simdev_stream *s = NULL;
+    unsigned long long captured = 0;
+    if (simdev_stream_resolve_locked(stream, ptds, &s) == cudaSuccess)
+        captured = simdev_capture_id_locked(s->capture);
     struct simdev_op *op = simdev_op_new(SIMDEV_OP_RECORD_EVENT, "cudaEventRecord");
     if (op) {
         op->event = e;
@@ -133,8 +149,12 @@ cudaError_t simdev_event_record(cudaEvent_t event, cudaStream_t stream, int ptds
         e->refs++;
     }
     err = simdev_stream_submit_locked(stream, ptds, op, &hit, NULL, NULL);
-    if (err == cudaSuccess)
+    if (err == cudaSuccess && captured) {
+        e->captured_id = captured;
+    } else if (err == cudaSuccess) {
         e->recorded++;
+        e->captured_id = 0;
+    }
     pthread_mutex_unlock(&simdev_lock);
     return simdev_return(err);
 }
@@ -158,6 +178,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event)
     struct simdev_event *e = resolve_locked(event);
     if (!e)
         err = cudaErrorInvalidResourceHandle;
+    else if (e->captured_id)
+        err = captured_event_locked(e, "cudaEventQuery");
     else if ((err = simdev_devices[e->device].fatal) == cudaSuccess && e->done < e->recorded)
         err = cudaErrorNotReady;
     pthread_mutex_unlock(&simdev_lock);
@@ -171,9 +193,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
         return simdev_return(err);
     pthread_mutex_lock(&simdev_lock);
     struct simdev_event *e = resolve_locked(event);
-    if (!e) {
+    if (!e || e->captured_id) {
+        err = e ? captured_event_locked(e, "cudaEventSynchronize") : cudaErrorInvalidResourceHandle;
         pthread_mutex_unlock(&simdev_lock);
-        return simdev_return(cudaErrorInvalidResourceHandle);
+        return simdev_return(err);
     }
     e->refs++;
     uint64_t target = e->recorded;
@@ -226,7 +249,16 @@ cudaError_t simdev_stream_wait_event(cudaStream_t stream, cudaEvent_t event, int
     }
     struct simdev_stream *s;
     err = simdev_stream_resolve_locked(stream, ptds, &s);
-    if (err == cudaSuccess && e->done < e->recorded) {
+    if (err == cudaSuccess && e->captured_id) {
+        /* Waiting for a node of a capture: the stream joins that capture. */
+        err = simdev_capture_join_locked(s, e->captured_id);
+    } else if (err == cudaSuccess && s->capture) {
+        /* A capture may not depend on unfinished work outside it. */
+        if (e->done < e->recorded) {
+            simdev_capture_invalidate_locked(s->capture);
+            err = cudaErrorStreamCaptureIsolation;
+        }
+    } else if (err == cudaSuccess && e->done < e->recorded) {
         /* Events may be waited on from any device's stream. */
         struct simdev_op *op = simdev_op_new(SIMDEV_OP_WAIT_EVENT, "cudaStreamWaitEvent");
         if (op) {

@@ -173,3 +173,30 @@ cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
 {
     return simdev_free_async(devPtr, hStream, 1);
 }
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    return simdev_stream_begin_capture(stream, mode, 1);
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph)
+{
+    return simdev_stream_end_capture(stream, pGraph, 1);
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
+                                     enum cudaStreamCaptureStatus *captureStatus_out,
+                                     unsigned long long *id_out, cudaGraph_t *graph_out,
+                                     const cudaGraphNode_t **dependencies_out,
+                                     const cudaGraphEdgeData **edgeData_out,
+                                     size_t *numDependencies_out)
+{
+    return simdev_stream_capture_info(stream, 1, captureStatus_out, id_out, graph_out,
+                                      dependencies_out, edgeData_out, numDependencies_out,
+                                      "cudaStreamGetCaptureInfo");
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+    return simdev_graph_launch(graphExec, stream, 1);
+}

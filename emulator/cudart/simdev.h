@@ -191,9 +191,13 @@ struct simdev_stream {
     int worker_alive;
     pthread_t thread;
     pthread_cond_t wake;
+    struct simdev_capture *capture;        /* graph capture this stream is part of (graph.c) */
 };
 
 struct simdev_op *simdev_op_new(enum simdev_op_kind kind, const char *name);
+/* Drops an op's references and frees it (running its release function, for
+ * which it drops and retakes simdev_lock). */
+void simdev_op_discard_locked(struct simdev_op *op);
 /* Resolves a handle (0, cudaStreamLegacy, cudaStreamPerThread or a created
  * stream).  Caller holds simdev_lock. */
 cudaError_t simdev_stream_resolve_locked(cudaStream_t handle, int ptds,
@@ -248,6 +252,7 @@ struct simdev_event {
     struct timespec when;       /* time of the latest completed record */
     int refs;
     int destroyed;
+    unsigned long long captured_id;  /* last recorded in this capture sequence (graph.c); 0 if not */
 };
 
 void simdev_event_complete_locked(struct simdev_event *e, uint64_t gen);
@@ -257,6 +262,28 @@ cudaError_t simdev_event_record(cudaEvent_t event, cudaStream_t stream, int ptds
                                 unsigned flags);
 cudaError_t simdev_stream_wait_event(cudaStream_t stream, cudaEvent_t event, int ptds,
                                      unsigned flags);
+
+/* ---- stream capture and graphs (graph.c); callers hold simdev_lock ------ */
+struct simdev_capture;
+/* Records op into the graph that s captures instead of running it.
+ * wants_wait: the caller would wait for the op (a synchronous call), which a
+ * capture forbids. */
+cudaError_t simdev_capture_add_locked(struct simdev_stream *s, struct simdev_op *op,
+                                      const struct simdev_fault_hit *hit, int wants_wait);
+/* Stream s waits for an event recorded in capture `id`: s joins that capture. */
+cudaError_t simdev_capture_join_locked(struct simdev_stream *s, unsigned long long id);
+void simdev_capture_invalidate_locked(struct simdev_capture *c);
+void simdev_capture_invalidate_id_locked(unsigned long long id);
+unsigned long long simdev_capture_id_locked(const struct simdev_capture *c);
+cudaError_t simdev_stream_begin_capture(cudaStream_t stream, enum cudaStreamCaptureMode mode,
+                                        int ptds);
+cudaError_t simdev_stream_end_capture(cudaStream_t stream, cudaGraph_t *pGraph, int ptds);
+cudaError_t simdev_stream_capture_info(cudaStream_t stream, int ptds,
+                                       enum cudaStreamCaptureStatus *status,
+                                       unsigned long long *id, cudaGraph_t *graph,
+                                       const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
+                                       size_t *ndeps, const char *op);
+cudaError_t simdev_graph_launch(cudaGraphExec_t exec, cudaStream_t stream, int ptds);
 
 /* ---- copies (copy.c) --------------------------------------------------- */
 cudaError_t simdev_memcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,

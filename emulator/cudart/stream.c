@@ -72,7 +72,7 @@ static void op_free_unlocked(struct simdev_op *op)
     free(op);
 }
 
-static void op_discard_locked(struct simdev_op *op)
+void simdev_op_discard_locked(struct simdev_op *op)
 {
     op_drop_refs_locked(op);
     pthread_mutex_unlock(&simdev_lock);
@@ -161,7 +161,7 @@ static void *worker_main(void *arg)
             s->tail = NULL;
         s->completed++;
         pthread_cond_broadcast(&simdev_progress);
-        op_discard_locked(op);
+        simdev_op_discard_locked(op);
     }
     struct simdev_device *d = &simdev_devices[s->device];
     for (struct simdev_stream **pp = &d->streams; *pp; pp = &(*pp)->next_on_device)
@@ -373,6 +373,12 @@ cudaError_t simdev_stream_submit_locked(cudaStream_t handle, int ptds, struct si
                      s->device);
         err = cudaErrorInvalidResourceHandle;
     }
+    if (err == cudaSuccess && s->capture) {
+        /* A capturing stream records the op into its graph instead (graph.c). */
+        if (seq)
+            *seq = 0;
+        return simdev_capture_add_locked(s, op, hit, stream_out != NULL);
+    }
     if (err == cudaSuccess && !add_implicit_waits_locked(s))
         err = cudaErrorMemoryAllocation;
     if (err == cudaSuccess && hit && hit->kind == SIMDEV_FAULT_HANG) {
@@ -387,7 +393,7 @@ cudaError_t simdev_stream_submit_locked(cudaStream_t handle, int ptds, struct si
         }
     }
     if (err != cudaSuccess) {
-        op_discard_locked(op);
+        simdev_op_discard_locked(op);
         return err;
     }
     push_locked(s, op);
@@ -434,7 +440,8 @@ cudaError_t simdev_stream_join(cudaStream_t waiter, cudaStream_t waitee, int ptd
     cudaError_t err = simdev_stream_resolve_locked(waiter, ptds, &w);
     if (err == cudaSuccess)
         err = simdev_stream_resolve_locked(waitee, ptds, &t);
-    if (err == cudaSuccess && w != t && t->completed < t->enqueued)
+    /* Inside a capture, the capture order already orders the streams' work. */
+    if (err == cudaSuccess && w != t && t->completed < t->enqueued && !w->capture && !t->capture)
         if (!add_implicit_waits_locked(w) || !push_wait_stream_locked(w, t, t->enqueued))
             err = cudaErrorMemoryAllocation;
     pthread_mutex_unlock(&simdev_lock);
@@ -580,6 +587,10 @@ cudaError_t simdev_stream_synchronize(cudaStream_t stream, int ptds)
     struct simdev_stream *s;
     err = simdev_stream_resolve_locked(stream, ptds, &s);
     uint64_t target = 0;
+    if (err == cudaSuccess && s->capture) {
+        simdev_capture_invalidate_locked(s->capture);   /* forbidden during capture */
+        err = cudaErrorStreamCaptureUnsupported;
+    }
     if (err == cudaSuccess) {
         s->refs++;
         target = s->enqueued;
@@ -600,7 +611,10 @@ cudaError_t simdev_stream_query(cudaStream_t stream, int ptds)
     pthread_mutex_lock(&simdev_lock);
     struct simdev_stream *s;
     err = simdev_stream_resolve_locked(stream, ptds, &s);
-    if (err == cudaSuccess) {
+    if (err == cudaSuccess && s->capture) {
+        simdev_capture_invalidate_locked(s->capture);   /* forbidden during capture */
+        err = cudaErrorStreamCaptureUnsupported;
+    } else if (err == cudaSuccess) {
         err = simdev_devices[s->device].fatal;
         if (err == cudaSuccess && s->completed < s->enqueued)
             err = cudaErrorNotReady;
@@ -671,13 +685,8 @@ cudaError_t simdev_stream_get_id(cudaStream_t stream, int ptds, unsigned long lo
 cudaError_t simdev_stream_is_capturing(cudaStream_t stream, int ptds,
                                        enum cudaStreamCaptureStatus *status)
 {
-    struct simdev_stream s;
-    cudaError_t err = with_stream(stream, ptds, "cudaStreamIsCapturing", &s);
-    if (err == cudaSuccess && !status)
-        err = cudaErrorInvalidValue;
-    if (err == cudaSuccess)
-        *status = cudaStreamCaptureStatusNone;   /* graph capture is not emulated */
-    return simdev_return(err);
+    return simdev_stream_capture_info(stream, ptds, status, NULL, NULL, NULL, NULL, NULL,
+                                      "cudaStreamIsCapturing");
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)

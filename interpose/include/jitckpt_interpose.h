@@ -17,12 +17,13 @@
 extern "C" {
 #endif
 
-#define JITCKPT_INTERPOSE_API_VERSION 1
+#define JITCKPT_INTERPOSE_API_VERSION 2
 
 /* Why a JIT event was raised (first argument of the callback). */
 enum {
     JITCKPT_INTERPOSE_HANG = 1,        /* a watched event stayed not-ready past the timeout */
     JITCKPT_INTERPOSE_CUDA_ERROR = 2,  /* cudaEventQuery on a watched event returned an error */
+    JITCKPT_INTERPOSE_NCCL_ERROR = 3,  /* a communicator's ncclCommGetAsyncError is an error (a peer failed) */
 };
 
 /* Called once per process, on the library's watchdog thread, when a JIT
@@ -54,6 +55,9 @@ struct jitckpt_interpose_counters {
     uint64_t gil_released;        /* threads whose GIL the signal handler released */
     uint64_t threads_parked;      /* threads parked for good after a JIT event */
     uint64_t untracked;           /* events or threads not tracked because a table was full */
+    uint64_t nccl_comms;          /* communicators seen in NCCL calls (their async errors are polled) */
+    uint64_t captured_records;    /* records on NCCL streams during graph capture: never queried */
+    uint64_t graph_launches;      /* launches of captured graphs with collectives, watched */
 };
 
 int jitckpt_interpose_api_version(void);
@@ -62,9 +66,11 @@ void jitckpt_interpose_set_callback(jitckpt_interpose_callback callback);
 /* Hang timeout in seconds (> 0); the initial value comes from JITCKPT_HANG_TIMEOUT. */
 int jitckpt_interpose_set_timeout(double seconds);
 double jitckpt_interpose_timeout(void);
-/* Marks the calling thread (whole_process = 0) or every thread (1) as saving
- * (on = 1) or not (on = 0): their copies on blocked streams are redirected. */
-void jitckpt_interpose_save_in_progress(int on, int whole_process);
+/* Marks the calling thread as saving (on = 1) or not (on = 0): while it
+ * saves, its work on blocked streams is redirected.  Only that thread's: other
+ * threads are never redirected, and nothing stays in save mode after on = 0
+ * or after the thread exits.  (API version 1 had a whole-process flag.) */
+void jitckpt_interpose_save_in_progress(int on);
 /* Fills up to `max` entries; returns the number of watched events. */
 int jitckpt_interpose_in_flight(struct jitckpt_interpose_watch *out, int max);
 void jitckpt_interpose_get_counters(struct jitckpt_interpose_counters *out);

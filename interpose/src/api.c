@@ -31,6 +31,9 @@ static void read_counters(struct jitckpt_interpose_counters *out)
     out->gil_released = atomic_load(&counters.gil_released);
     out->threads_parked = atomic_load(&counters.threads_parked);
     out->untracked = atomic_load(&counters.untracked);
+    out->nccl_comms = atomic_load(&counters.nccl_comms);
+    out->captured_records = atomic_load(&counters.captured_records);
+    out->graph_launches = atomic_load(&counters.graph_launches);
 }
 
 __attribute__((destructor)) static void interpose_fini(void)
@@ -41,13 +44,15 @@ __attribute__((destructor)) static void interpose_fini(void)
     read_counters(&c);
     ilog("stats nccl_streams=%llu nccl_records=%llu watches=%llu completions=%llu "
          "watchdog_started=%llu jit_events=%llu redirected_ops=%llu signals_sent=%llu "
-         "gil_released=%llu threads_parked=%llu untracked=%llu",
+         "gil_released=%llu threads_parked=%llu untracked=%llu nccl_comms=%llu "
+         "captured_records=%llu graph_launches=%llu",
          (unsigned long long)c.nccl_streams, (unsigned long long)c.nccl_records,
          (unsigned long long)c.watches, (unsigned long long)c.completions,
          (unsigned long long)c.watchdog_started, (unsigned long long)c.jit_events,
          (unsigned long long)c.redirected_ops, (unsigned long long)c.signals_sent,
          (unsigned long long)c.gil_released, (unsigned long long)c.threads_parked,
-         (unsigned long long)c.untracked);
+         (unsigned long long)c.untracked, (unsigned long long)c.nccl_comms,
+         (unsigned long long)c.captured_records, (unsigned long long)c.graph_launches);
 }
 
 EXPORT int jitckpt_interpose_api_version(void)
@@ -73,9 +78,9 @@ EXPORT double jitckpt_interpose_timeout(void)
     return (double)atomic_load(&config.timeout_ns) / 1e9;
 }
 
-EXPORT void jitckpt_interpose_save_in_progress(int on, int whole_process)
+EXPORT void jitckpt_interpose_save_in_progress(int on)
 {
-    jit_event_save_mode(on, whole_process);
+    jit_event_save_mode(on);
 }
 
 EXPORT int jitckpt_interpose_in_flight(struct jitckpt_interpose_watch *out, int max)

@@ -22,6 +22,13 @@
  *                              that raced with the query stays watched.
  *   cudaEventDestroy(e)        the slot becomes a tombstone, under watch_lock,
  *                              so the watchdog never queries a dead handle.
+ *   record during a capture    (capture.c) the event is a graph node: never
+ *                              watched, and its flags are cleared under
+ *                              watch_lock, because a query would invalidate
+ *                              the capture.
+ *   after cudaGraphLaunch      (capture.c) the library's own event, recorded
+ *                              after a graph with collectives: ON_NCCL and
+ *                              WATCHED at once, waited for by nobody.
  *
  * The record path updates the state before forwarding the call, so that the
  * watchdog can never pair a new record's "not ready" with an old record's
@@ -49,6 +56,7 @@ struct watch_slot {
     _Atomic int64_t recorded_ns;    /* CLOCK_MONOTONIC_COARSE at the record */
     _Atomic uintptr_t stream;       /* canonical NCCL stream of the record */
     _Atomic uintptr_t waiter;       /* canonical waiting stream; 0 = host */
+    _Atomic int graph_launch;       /* the library's own event after a cudaGraphLaunch */
 };
 
 static struct watch_slot table[TABLE_SIZE];
@@ -98,7 +106,14 @@ void event_watch_on_record(cudaEvent_t event, cudaStream_t stream, int ptds)
     if (event == NULL)
         return;
     uintptr_t canon = stream_canon(stream, ptds);
-    if (nccl_stream_is(canon)) {
+    int on_nccl = nccl_stream_is(canon);
+    /* During a graph capture the record may be a graph node (capture.c). */
+    if (unlikely(capture_maybe_active()) && (on_nccl || find(event) != NULL) &&
+        capture_stream_is_capturing_slow(stream, ptds)) {
+        event_watch_on_captured_record(event, on_nccl);
+        return;
+    }
+    if (on_nccl) {
         struct watch_slot *w = find_or_insert(event);
         if (unlikely(w == NULL)) {
             count(&counters.untracked);
@@ -112,6 +127,7 @@ void event_watch_on_record(cudaEvent_t event, cudaStream_t stream, int ptds)
         uint64_t gen = (st & ~(uint64_t)(ST_GEN_ONE - 1)) + ST_GEN_ONE;
         atomic_store_explicit(&w->state, gen | ST_ON_NCCL, memory_order_relaxed);
         atomic_store_explicit(&w->stream, canon, memory_order_relaxed);
+        atomic_store_explicit(&w->graph_launch, 0, memory_order_relaxed);
         atomic_store_explicit(&w->recorded_ns, now_coarse_ns(), memory_order_release);
         count(&counters.nccl_records);
         return;
@@ -123,6 +139,41 @@ void event_watch_on_record(cudaEvent_t event, cudaStream_t stream, int ptds)
             atomic_store_explicit(&w->state, (st & ~(uint64_t)(ST_GEN_ONE - 1)) + ST_GEN_ONE,
                                   memory_order_release);
     }
+}
+
+void event_watch_on_captured_record(cudaEvent_t event, int on_nccl)
+{
+    if (on_nccl)
+        count(&counters.captured_records);
+    struct watch_slot *w = find(event);
+    if (w == NULL)
+        return;
+    /* Under watch_lock: the watchdog is never between reading this slot and
+     * querying the event, which is about to become a graph node. */
+    pthread_mutex_lock(&watch_lock);
+    if (atomic_load(&w->event) == (uintptr_t)event) {
+        uint64_t st = atomic_load(&w->state);
+        if (st & (ST_ON_NCCL | ST_WATCHED))
+            atomic_store(&w->state, (st & ~(uint64_t)(ST_GEN_ONE - 1)) + ST_GEN_ONE);
+    }
+    pthread_mutex_unlock(&watch_lock);
+}
+
+void event_watch_on_graph_launch(cudaEvent_t event, cudaStream_t stream, int ptds)
+{
+    struct watch_slot *w = find_or_insert(event);
+    if (unlikely(w == NULL)) {
+        count(&counters.untracked);
+        return;
+    }
+    uint64_t st = atomic_load_explicit(&w->state, memory_order_relaxed);
+    uint64_t gen = (st & ~(uint64_t)(ST_GEN_ONE - 1)) + ST_GEN_ONE;
+    atomic_store_explicit(&w->stream, stream_canon(stream, ptds), memory_order_relaxed);
+    atomic_store_explicit(&w->waiter, 0, memory_order_relaxed);
+    atomic_store_explicit(&w->graph_launch, 1, memory_order_relaxed);
+    atomic_store_explicit(&w->recorded_ns, now_coarse_ns(), memory_order_release);
+    atomic_store_explicit(&w->state, gen | ST_ON_NCCL | ST_WATCHED, memory_order_release);
+    count(&counters.watches);
 }
 
 static void watch(struct watch_slot *w, uintptr_t waiter)
@@ -199,7 +250,18 @@ static void describe(struct watch_verdict *v, struct watch_slot *w, uintptr_t ev
     else
         snprintf(who, sizeof who, "stream %p", (void *)waiter);
     double timeout = (double)atomic_load(&config.timeout_ns) / 1e9;
-    if (err == cudaErrorNotReady)
+    if (atomic_load(&w->graph_launch)) {
+        if (err == cudaErrorNotReady)
+            snprintf(v->detail, sizeof v->detail,
+                     "cudaEvent %p recorded after cudaGraphLaunch of a graph with collectives on "
+                     "stream %p, not complete after %.1f s (timeout %g s)",
+                     (void *)event, (void *)stream, age, timeout);
+        else
+            snprintf(v->detail, sizeof v->detail,
+                     "cudaEventQuery(%p) after cudaGraphLaunch of a graph with collectives on "
+                     "stream %p returned %d after %.1f s",
+                     (void *)event, (void *)stream, (int)err, age);
+    } else if (err == cudaErrorNotReady)
         snprintf(v->detail, sizeof v->detail,
                  "cudaEvent %p recorded on NCCL stream %p, waited for by %s, not complete "
                  "after %.1f s (timeout %g s)",
@@ -284,8 +346,12 @@ int event_watch_is_waiter(uintptr_t canon)
         uintptr_t event;
         uint64_t st;
         int64_t recorded;
-        if (read_watched(&table[i], &event, &st, &recorded) &&
-            atomic_load(&table[i].waiter) == canon)
+        if (!read_watched(&table[i], &event, &st, &recorded))
+            continue;
+        /* A stream that waits for a watched event, or that launched a graph
+         * whose collectives are watched, is behind the hang. */
+        if (atomic_load(&table[i].waiter) == canon ||
+            (atomic_load(&table[i].graph_launch) && atomic_load(&table[i].stream) == canon))
             return 1;
     }
     return 0;

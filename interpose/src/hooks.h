@@ -46,6 +46,12 @@ typedef __typeof__(cudaMemsetAsync) memset_async_fn;
 typedef __typeof__(cudaLaunchKernel) launch_fn;
 typedef __typeof__(__cudaLaunchKernel) launch_hidden_fn;
 typedef __typeof__(cudaLaunchKernelExC) launch_ex_fn;
+typedef __typeof__(cudaStreamBeginCapture) begin_capture_fn;
+typedef __typeof__(cudaStreamBeginCaptureToGraph) begin_capture_to_graph_fn;
+typedef __typeof__(cudaStreamEndCapture) end_capture_fn;
+typedef __typeof__(cudaGraphInstantiate) graph_instantiate_fn;
+typedef __typeof__(cudaGraphInstantiateWithParams) graph_instantiate_params_fn;
+typedef __typeof__(cudaGraphLaunch) graph_launch_fn;
 
 static inline cudaStream_t maybe_redirect(cudaStream_t stream, int ptds)
 {
@@ -114,9 +120,8 @@ static inline void hook_event_destroy(cudaEvent_t event)
 
 static inline void hook_stream_destroy(cudaStream_t stream)
 {
-    uintptr_t canon = stream_canon(stream, 0);
-    if (nccl_stream_is(canon))
-        nccl_stream_forget(canon);
+    handle_set_remove(&nccl_streams, stream_canon(stream, 0));
+    capture_stream_destroyed(stream);
 }
 
 /* ---- synchronisations: may block the host (gil_release.c) -------------------- */
@@ -252,15 +257,111 @@ static inline cudaError_t hook_launch_ex(launch_ex_fn *next, const cudaLaunchCon
     return next(config, func, args);
 }
 
+/* ---- graph capture and graphs (capture.c) ------------------------------------- */
+
+/* Counted as capturing before the capture begins, so that no record on a
+ * stream that has just started capturing is taken for a plain one. */
+static inline cudaError_t hook_capture_begin(begin_capture_fn *next, cudaStream_t stream,
+                                             enum cudaStreamCaptureMode mode, int ptds)
+{
+    int began = capture_began(stream, ptds);
+    cudaError_t err = next(stream, mode);
+    if (err != cudaSuccess)
+        capture_abandoned(stream, ptds, began);
+    return err;
+}
+
+static inline cudaError_t hook_capture_begin_to_graph(begin_capture_to_graph_fn *next,
+                                                      cudaStream_t stream, cudaGraph_t graph,
+                                                      const cudaGraphNode_t *dependencies,
+                                                      const cudaGraphEdgeData *dependencyData,
+                                                      size_t numDependencies,
+                                                      enum cudaStreamCaptureMode mode, int ptds)
+{
+    int began = capture_began(stream, ptds);
+    cudaError_t err = next(stream, graph, dependencies, dependencyData, numDependencies, mode);
+    if (err != cudaSuccess)
+        capture_abandoned(stream, ptds, began);
+    return err;
+}
+
+/* The capture is over when the call succeeds or reports it invalidated; any
+ * other error (wrong thread, not the origin stream) leaves it running. */
+static inline cudaError_t hook_capture_end(end_capture_fn *next, cudaStream_t stream,
+                                           cudaGraph_t *pGraph, int ptds)
+{
+    cudaError_t err = next(stream, pGraph);
+    if (err == cudaSuccess || err == cudaErrorStreamCaptureInvalidated)
+        capture_ended(stream, ptds);
+    return err;
+}
+
+/* cudaGraphInstantiate and cudaGraphInstantiateWithFlags (the same prototype). */
+static inline cudaError_t hook_graph_instantiate(graph_instantiate_fn *next,
+                                                 cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                                 unsigned long long flags, int ptds)
+{
+    cudaError_t err = next(pGraphExec, graph, flags);
+    if (err == cudaSuccess && pGraphExec != NULL)
+        capture_graph_instantiated(*pGraphExec, graph);
+    return err;
+}
+
+static inline cudaError_t hook_graph_instantiate_params(graph_instantiate_params_fn *next,
+                                                        cudaGraphExec_t *pGraphExec,
+                                                        cudaGraph_t graph,
+                                                        cudaGraphInstantiateParams *instantiateParams,
+                                                        int ptds)
+{
+    cudaError_t err = next(pGraphExec, graph, instantiateParams);
+    if (err == cudaSuccess && pGraphExec != NULL)
+        capture_graph_instantiated(*pGraphExec, graph);
+    return err;
+}
+
+/* A graph whose capture held collectives gets the library's own event after
+ * it on the launch stream, watched like an event behind an NCCL kernel. */
+static inline cudaError_t hook_graph_launch(graph_launch_fn *next, event_record_fn *next_record,
+                                            cudaGraphExec_t graphExec, cudaStream_t stream,
+                                            int ptds)
+{
+    stream = maybe_redirect(stream, ptds);
+    cudaError_t err = next(graphExec, stream);
+    if (err == cudaSuccess)
+        capture_graph_launched(graphExec, stream, ptds, next_record);
+    return err;
+}
+
+static inline void hook_graph_forget(cudaGraph_t graph)
+{
+    capture_graph_forget(graph);
+}
+
+static inline void hook_graph_exec_forget(cudaGraphExec_t graphExec)
+{
+    capture_exec_forget(graphExec);
+}
+
 /* ---- NCCL ---------------------------------------------------------------------- */
 
 /* A call that enqueues work on `stream` makes it an NCCL stream
- * (nccl_streams.c).  Real NCCL drives the GPU through the driver API, so the
- * work NCCL itself puts on the stream never passes through this library:
- * only the application's calls do. */
-static inline void hook_nccl_enqueue(cudaStream_t stream)
+ * (nccl_streams.c), and its communicator one whose asynchronous error the
+ * watchdog polls (nccl_comms.c).  Real NCCL drives the GPU through the driver
+ * API, so the work NCCL itself puts on the stream never passes through this
+ * library: only the application's calls do. */
+static inline void hook_nccl_enqueue(ncclComm_t comm, cudaStream_t stream)
 {
     nccl_stream_note(stream);
+    nccl_comm_note(comm);
+    if (unlikely(capture_maybe_active()))
+        capture_nccl_call_slow(stream);     /* a collective captured into a graph */
+}
+
+/* ncclCommDestroy, ncclCommAbort: the watchdog stops polling the comm before
+ * it is freed. */
+static inline void hook_nccl_comm_forget(ncclComm_t comm)
+{
+    nccl_comm_forget(comm);
 }
 
 #endif

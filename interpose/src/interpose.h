@@ -61,7 +61,7 @@ void config_load(void);
 struct interpose_counters {
     _Atomic uint64_t nccl_streams, nccl_records, watches, completions, watchdog_started,
         watchdog_polls, jit_events, redirected_ops, signals_sent, gil_released,
-        threads_parked, untracked;
+        threads_parked, untracked, nccl_comms, captured_records, graph_launches;
 };
 extern struct interpose_counters counters;
 static inline void count(_Atomic uint64_t *c)
@@ -100,25 +100,52 @@ static inline uintptr_t stream_canon(cudaStream_t s, int ptds)
     return (uintptr_t)s;
 }
 
-/* nccl_streams.c */
-#define NCCL_STREAMS_MAX 64
-extern _Atomic(uintptr_t) nccl_stream_set[NCCL_STREAMS_MAX];
-extern _Atomic int nccl_stream_count;
-void nccl_stream_add_slow(uintptr_t canon);
-void nccl_stream_forget(uintptr_t canon);
-static inline int nccl_stream_is(uintptr_t canon)
+/* handle_set.c: a short array of handles, scanned without a lock */
+struct handle_set {
+    _Atomic(uintptr_t) *items;
+    int max;
+    pthread_mutex_t *lock;          /* for additions and removals (the owner may hold it longer) */
+    const char *what;               /* for the "table full" message */
+    _Atomic int count;              /* high-water mark of used entries */
+    _Atomic int reported;
+};
+#define HANDLE_SET(array, lock_, what_) \
+    { .items = (array), .max = (int)(sizeof(array) / sizeof((array)[0])), .lock = (lock_), .what = (what_) }
+static inline int handle_set_has(struct handle_set *hs, uintptr_t key)
 {
-    int n = atomic_load_explicit(&nccl_stream_count, memory_order_acquire);
+    int n = atomic_load_explicit(&hs->count, memory_order_acquire);
     for (int i = 0; i < n; i++)
-        if (atomic_load_explicit(&nccl_stream_set[i], memory_order_relaxed) == canon)
+        if (atomic_load_explicit(&hs->items[i], memory_order_relaxed) == key)
             return 1;
     return 0;
+}
+/* Add: 1 added, 0 already there, -1 the set is full (counted, reported once).
+ * Remove: 1 if it was there.  Both take hs->lock. */
+int handle_set_add(struct handle_set *hs, uintptr_t key);
+int handle_set_remove(struct handle_set *hs, uintptr_t key);
+
+/* nccl_streams.c */
+extern struct handle_set nccl_streams;
+static inline int nccl_stream_is(uintptr_t canon)
+{
+    return handle_set_has(&nccl_streams, canon);
 }
 static inline void nccl_stream_note(cudaStream_t s)
 {
     uintptr_t c = stream_canon(s, 0);   /* NCCL passes stream 0 to the driver as legacy */
-    if (unlikely(!nccl_stream_is(c)))
-        nccl_stream_add_slow(c);
+    if (unlikely(!nccl_stream_is(c)) && handle_set_add(&nccl_streams, c) > 0)
+        count(&counters.nccl_streams);
+}
+
+/* nccl_comms.c: communicators seen in NCCL calls; their asynchronous errors */
+extern struct handle_set nccl_comms;
+void nccl_comm_added(void);
+void nccl_comm_forget(ncclComm_t comm);
+static inline void nccl_comm_note(ncclComm_t comm)
+{
+    if (unlikely(comm != NULL && !handle_set_has(&nccl_comms, (uintptr_t)comm)) &&
+        handle_set_add(&nccl_comms, (uintptr_t)comm) > 0)
+        nccl_comm_added();
 }
 
 /* ---- event_watch.c: events recorded on NCCL streams, and the watch-list --- */
@@ -130,36 +157,67 @@ void event_watch_on_destroy(cudaEvent_t event);
  * in flight, and describes the first expired (or failed) one in `detail`. */
 struct watch_verdict {
     int in_flight;
-    int reason;                 /* 0, JITCKPT_INTERPOSE_HANG or _CUDA_ERROR */
+    int reason;                 /* 0 or a JITCKPT_INTERPOSE_* reason */
     char detail[512];
 };
 void event_watch_scan(struct watch_verdict *verdict);
+/* For the watchdog: the first communicator whose asynchronous error is set
+ * (neither ncclSuccess nor ncclInProgress) becomes reason
+ * JITCKPT_INTERPOSE_NCCL_ERROR, described in `detail`. */
+void nccl_comm_scan(struct watch_verdict *verdict);
 int event_watch_list(struct jitckpt_interpose_watch *out, int max);
 /* During a save: is `canon` waiting for a watched event, and is `event` watched? */
 int event_watch_is_waiter(uintptr_t canon);
 int event_watch_is_watched(cudaEvent_t event);
+
+/* For capture.c: a record on a capturing stream is a graph node; its event is
+ * never watched, and an earlier watch of it is cleared under the watchdog's
+ * lock.  on_nccl: the stream is an NCCL stream (counted). */
+void event_watch_on_captured_record(cudaEvent_t event, int on_nccl);
+/* The library's own event, recorded right after a cudaGraphLaunch of a graph
+ * with collectives on `stream`: watched at once, waited for by nobody. */
+void event_watch_on_graph_launch(cudaEvent_t event, cudaStream_t stream, int ptds);
+
+/* ---- capture.c: CUDA graph capture and graphs with collectives ------------- */
+extern _Atomic int captures_active;
+int capture_began(cudaStream_t stream, int ptds);
+void capture_abandoned(cudaStream_t stream, int ptds, int began);
+void capture_ended(cudaStream_t stream, int ptds);
+int capture_stream_is_capturing_slow(cudaStream_t stream, int ptds);
+void capture_nccl_call_slow(cudaStream_t stream);
+void capture_graph_instantiated(cudaGraphExec_t exec, cudaGraph_t graph);
+void capture_graph_forget(cudaGraph_t graph);
+void capture_exec_forget(cudaGraphExec_t exec);
+void capture_stream_destroyed(cudaStream_t stream);
+void capture_graph_launched(cudaGraphExec_t exec, cudaStream_t stream, int ptds,
+                            __typeof__(cudaEventRecord) *record);
+/* Cheap enough for every record on an NCCL stream: one relaxed load. */
+static inline int capture_maybe_active(void)
+{
+    return atomic_load_explicit(&captures_active, memory_order_relaxed) != 0;
+}
 
 /* ---- watchdog.c ---------------------------------------------------------- */
 void watchdog_start_once(void);
 
 /* ---- jit_event.c: the JIT event and the save mode --------------------------- */
 #define MODE_FIRED 1        /* a JIT event was raised */
-#define MODE_SAVING 2       /* some thread, or the whole process, is saving */
+#define MODE_SAVING 2       /* some thread is saving */
 extern _Atomic int interpose_mode;
-extern _Atomic int saving_all_threads;
 extern __thread int tl_saving __attribute__((tls_model("initial-exec")));
 static inline int interpose_special(void)
 {
     return atomic_load_explicit(&interpose_mode, memory_order_relaxed);
 }
+/* Save mode is per thread: only the thread that saves is redirected. */
 static inline int this_thread_saving(void)
 {
-    return tl_saving || atomic_load_explicit(&saving_all_threads, memory_order_relaxed);
+    return tl_saving;
 }
 void jit_event_raise(int reason, const char *detail);
 void jit_event_set_callback(jitckpt_interpose_callback cb);
-/* Marks the calling thread, or every thread, as saving (or not). */
-void jit_event_save_mode(int on, int whole_process);
+/* Marks the calling thread as saving (or not). */
+void jit_event_save_mode(int on);
 
 /* ---- redirect.c: copies during a save ------------------------------------- */
 /* Returns the stream to use instead of `stream` for work the calling thread

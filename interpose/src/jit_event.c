@@ -18,13 +18,16 @@
  *
  * The save mode (MODE_SAVING) is also entered without a JIT event, through
  * jitckpt_interpose_save_in_progress(): the Python runtime saves on a thread
- * of its own, and marks it (or the whole process) as saving. */
+ * of its own, which marks itself.  Save mode is always one thread's, for the
+ * length of its save: another thread never has its work redirected because
+ * some thread saves (it would escape the hang and change the state being
+ * saved), and nothing stays in save mode after save_in_progress(0), or after
+ * the saving thread exits. */
 
 #define _GNU_SOURCE
 #include "interpose.h"
 
 _Atomic int interpose_mode;
-_Atomic int saving_all_threads;
 __thread int tl_saving __attribute__((tls_model("initial-exec")));
 
 static _Atomic(jitckpt_interpose_callback) callback;
@@ -50,30 +53,53 @@ void jit_event_raise(int reason, const char *detail)
         ilog("no JIT-event callback is registered (jitckpt.interpose.install): nothing is saved");
         return;
     }
-    jit_event_save_mode(1, 0);
+    jit_event_save_mode(1);
     cb(reason, detail);
-    jit_event_save_mode(0, 0);
+    jit_event_save_mode(0);
 }
 
-/* MODE_SAVING is set while any thread, or the whole process, is saving. */
+/* MODE_SAVING is set while at least one thread is saving.  A thread that
+ * exits while saving leaves save mode through the key's destructor. */
 static pthread_mutex_t save_mode_lock = PTHREAD_MUTEX_INITIALIZER;
 static int saving_threads;
+static pthread_key_t saving_key;
+static pthread_once_t saving_key_once = PTHREAD_ONCE_INIT;
 
-void jit_event_save_mode(int on, int whole_process)
+static void update_mode_locked(void)
 {
-    pthread_mutex_lock(&save_mode_lock);
-    if (whole_process) {
-        atomic_store(&saving_all_threads, on ? 1 : 0);
-    } else if (on && !tl_saving) {
-        tl_saving = 1;
-        saving_threads++;
-    } else if (!on && tl_saving) {
-        tl_saving = 0;
-        saving_threads--;
-    }
-    if (saving_threads > 0 || atomic_load(&saving_all_threads))
+    if (saving_threads > 0)
         atomic_fetch_or(&interpose_mode, MODE_SAVING);
     else
         atomic_fetch_and(&interpose_mode, ~MODE_SAVING);
+}
+
+static void saving_thread_exit(void *unused)
+{
+    (void)unused;
+    pthread_mutex_lock(&save_mode_lock);
+    saving_threads--;
+    update_mode_locked();
+    pthread_mutex_unlock(&save_mode_lock);
+}
+
+static void saving_key_create(void)
+{
+    pthread_key_create(&saving_key, saving_thread_exit);
+}
+
+void jit_event_save_mode(int on)
+{
+    pthread_once(&saving_key_once, saving_key_create);
+    pthread_mutex_lock(&save_mode_lock);
+    if (on && !tl_saving) {
+        tl_saving = 1;
+        saving_threads++;
+        pthread_setspecific(saving_key, (void *)1);
+    } else if (!on && tl_saving) {
+        tl_saving = 0;
+        saving_threads--;
+        pthread_setspecific(saving_key, NULL);
+    }
+    update_mode_locked();
     pthread_mutex_unlock(&save_mode_lock);
 }

@@ -7,8 +7,8 @@
  * the case when it is called during checkpointing, we issue it on a new Cuda
  * stream."  (DESIGN.md decision 4.)
  *
- * A thread is saving while it runs the JIT-event callback, or after
- * jitckpt_interpose_save_in_progress(1, ...).  Work such a thread issues on a
+ * A thread is saving while it runs the JIT-event callback, or between its own
+ * jitckpt_interpose_save_in_progress(1) and (0).  Work such a thread issues on a
  * *blocked* stream goes to a fresh non-blocking stream of the current device
  * instead, created on first use and kept for the rest of the save.  Blocked
  * means any of:

@@ -9,10 +9,14 @@
  * Every JITCKPT_INTERPOSE_POLL_MS (5 ms) the thread scans the watch-list
  * (event_watch.c).  An event that is still cudaErrorNotReady longer than the
  * timeout after it was recorded, or whose query fails, becomes the JIT event
- * (jit_event.c), raised on this thread; the watchdog then stops.
+ * (jit_event.c), raised on this thread; the watchdog then stops.  Every tenth
+ * scan it also polls the asynchronous error of the communicators seen in NCCL
+ * calls (nccl_comms.c): an error there (a peer failed) is a JIT event at once.
+ * The thread starts at the first cudaStreamWaitEvent (the paper) or at the
+ * first NCCL call, whichever comes first.
  *
  * The thread adopts the CUDA device that was current on the thread that
- * started it, so that its queries do not create a context on device 0 of a
+ * started it, and stream-capture mode cudaStreamCaptureModeRelaxed, so that its queries do not create a context on device 0 of a
  * process that uses another GPU.  It blocks all signals, so that signals
  * meant for the process go to the application's threads.  A child forked
  * after the watchdog started inherits `started` and never runs one (threads
@@ -25,6 +29,11 @@
 #include <time.h>
 
 #include "interpose.h"
+
+/* ncclCommGetAsyncError is polled every this many scans (every 50 ms at the
+ * default 5 ms): often enough to beat any hang timeout, rarely enough to stay
+ * off NCCL's own locks. */
+#define COMM_POLL_EVERY 10
 
 static _Atomic int started;
 static int watchdog_device = -1;
@@ -45,13 +54,28 @@ static void *watchdog_main(void *arg)
         if (set_device != NULL)
             set_device(watchdog_device);
     }
+    /* Relaxed: a global-mode graph capture on another thread never forbids this
+     * thread's queries (events recorded inside a capture are never queried at
+     * all: capture.c). */
+    __typeof__(cudaThreadExchangeStreamCaptureMode) *exchange =
+        forward_fn(&next_cudaThreadExchangeStreamCaptureMode);
+    enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
+    if (exchange != NULL)
+        exchange(&relaxed);
     count(&counters.watchdog_started);
     struct watch_verdict verdict;
+    unsigned long polls = 0;
     for (;;) {
         sleep_ms(config.poll_ms);
         if (atomic_load(&interpose_mode) & MODE_FIRED)
             break;                      /* raised elsewhere (never, today) */
-        event_watch_scan(&verdict);
+        verdict.reason = 0;
+        /* A communicator's asynchronous error first: it names the failure, and
+         * it comes before the hang timeout.  Polled every COMM_POLL_EVERY scans. */
+        if (polls++ % COMM_POLL_EVERY == 0)
+            nccl_comm_scan(&verdict);
+        if (verdict.reason == 0)
+            event_watch_scan(&verdict);
         count(&counters.watchdog_polls);
         if (verdict.reason != 0) {
             jit_event_raise(verdict.reason, verdict.detail);

@@ -46,8 +46,8 @@ Transparent (remote) mode (descriptive columns, not generated from yet):
 
 ``handles``
     Parameter -> kind of the handle it passes in (``stream``, ``event``,
-    ``comm``, ``kernel``, ``func``): the worker holds virtual handles, the
-    proxy real ones.
+    ``comm``, ``kernel``, ``func``, ``graph``, ``graph_exec``): the worker
+    holds virtual handles, the proxy real ones.
 ``creates``, ``destroys``
     Output parameter -> kind of the handle the call creates; parameters whose
     handle the call destroys.
@@ -99,6 +99,7 @@ class Fact:
 
 STREAM = {"stream": "stream"}
 H2D = "kind == cudaMemcpyHostToDevice"
+NO_GRAPHS = "CUDA graphs: captured work would bypass transparent mode's call log and replay"
 
 CUDART: dict[str, Fact] = {
     # events and stream waits: the watch-list (event_watch.c)
@@ -133,7 +134,31 @@ CUDART: dict[str, Fact] = {
         prototype="cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, "
                   "void **args, size_t sharedMem, cudaStream_t stream)",
         per_thread="__cudaLaunchKernel_ptsz"),
-    # called by the library itself (watchdog.c, redirect.c, event_watch.c)
+    # graph capture and graphs (capture.c).  Transparent mode cannot put graphs in its call log yet.
+    "cudaStreamBeginCapture": Fact(hook="capture_begin", handles=STREAM, mode="sync", refused=NO_GRAPHS),
+    "cudaStreamBeginCaptureToGraph": Fact(hook="capture_begin_to_graph", handles={"graph": "graph", **STREAM},
+                                          mode="sync", refused=NO_GRAPHS),
+    "cudaStreamEndCapture": Fact(hook="capture_end", handles=STREAM, creates={"pGraph": "graph"}, mode="sync",
+                                 refused=NO_GRAPHS),
+    "cudaGraphInstantiate": Fact(hook="graph_instantiate", handles={"graph": "graph"},
+                                 creates={"pGraphExec": "graph_exec"}, mode="sync", refused=NO_GRAPHS),
+    "cudaGraphInstantiateWithFlags": Fact(hook="graph_instantiate", handles={"graph": "graph"},
+                                          creates={"pGraphExec": "graph_exec"}, mode="sync", refused=NO_GRAPHS),
+    "cudaGraphInstantiateWithParams": Fact(hook="graph_instantiate_params", handles={"graph": "graph"},
+                                           creates={"pGraphExec": "graph_exec"}, outputs=("instantiateParams",),
+                                           mode="sync", refused=NO_GRAPHS),
+    "cudaGraphLaunch": Fact(hook="graph_launch", needs=("cudaEventRecord",),
+                            handles={"graphExec": "graph_exec", **STREAM}, mode="async", refused=NO_GRAPHS),
+    "cudaGraphExecDestroy": Fact(before="graph_exec_forget", before_args=("graphExec",), destroys=("graphExec",),
+                                 mode="sync", refused=NO_GRAPHS),
+    "cudaGraphDestroy": Fact(before="graph_forget", before_args=("graph",), destroys=("graph",), mode="sync",
+                             refused=NO_GRAPHS),
+    # called by the library itself (watchdog.c, redirect.c, event_watch.c, capture.c)
+    "cudaStreamGetCaptureInfo": Fact(lookup=True, handles=STREAM, mode="sync",
+                                     outputs=("captureStatus_out", "id_out", "graph_out", "dependencies_out",
+                                              "edgeData_out", "numDependencies_out")),
+    "cudaThreadExchangeStreamCaptureMode": Fact(lookup=True, outputs=("mode",), mode="sync"),
+    "cudaEventCreateWithFlags": Fact(lookup=True, creates={"event": "event"}, mode="sync"),
     "cudaEventQuery": Fact(lookup=True, handles={"event": "event"}, mode="sync"),
     "cudaGetDevice": Fact(lookup=True, outputs=("device",), mode="sync"),
     "cudaSetDevice": Fact(lookup=True, mode="sync"),
@@ -149,7 +174,8 @@ CUDART: dict[str, Fact] = {
 # NCCL calls that enqueue work on a stream: the stream becomes an NCCL stream
 # (nccl_streams.c).  Real NCCL drives the GPU through the driver API, so the
 # work NCCL itself puts on the stream never passes through the interposer.
-NCCL_ENQUEUE = Fact(before="nccl_enqueue", before_args=("stream",), handles={"comm": "comm", **STREAM},
+# Its communicator becomes one whose asynchronous error the watchdog polls (nccl_comms.c).
+NCCL_ENQUEUE = Fact(before="nccl_enqueue", before_args=("comm", "stream"), handles={"comm": "comm", **STREAM},
                     mode="async")
 NCCL: dict[str, Fact] = {name: NCCL_ENQUEUE for name in (
     "ncclAllReduce", "ncclBroadcast", "ncclBcast", "ncclReduce", "ncclAllGather", "ncclReduceScatter",
@@ -157,5 +183,16 @@ NCCL: dict[str, Fact] = {name: NCCL_ENQUEUE for name in (
     "ncclAllReduceConfig", "ncclBroadcastConfig", "ncclReduceConfig", "ncclAllGatherConfig",
     "ncclReduceScatterConfig", "ncclAlltoAllConfig", "ncclGatherConfig", "ncclScatterConfig",
 )}
+# The watchdog stops polling a communicator before it is freed.
+NCCL_COMM_GONE = Fact(before="nccl_comm_forget", before_args=("comm",), handles={"comm": "comm"},
+                      destroys=("comm",), mode="sync")
+NCCL.update({
+    "ncclCommDestroy": NCCL_COMM_GONE,
+    "ncclCommAbort": NCCL_COMM_GONE,
+    # called by the watchdog itself (nccl_comms.c)
+    "ncclCommGetAsyncError": Fact(lookup=True, handles={"comm": "comm"}, outputs=("asyncError",), mode="sync"),
+    "ncclGetErrorString": Fact(lookup=True, mode="sync"),
+    "ncclGetLastError": Fact(lookup=True, handles={"comm": "comm"}, mode="sync"),
+})
 
 FACTS: dict[str, Fact] = {**CUDART, **NCCL}

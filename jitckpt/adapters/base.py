@@ -102,8 +102,9 @@ class MinibatchRng:
 
     def __init__(self, rt: "JitRuntime") -> None:
         self.rt = rt
-        # resume_point() restored this rank's own state for the redone minibatch
-        self._resumed_state = rng_state.capture() if rt.resumed_from is not None else None
+        # resume_point() found this rank's own state for the redone minibatch: restored here, at the
+        # framework's own start of it, instead of at the runtime's (the first module forward)
+        self._resumed_state = rt.take_pending_rng() if rt.resumed_from is not None else None
 
     def stash(self) -> None:
         self.rt.stash_rng(self.rt.step)

@@ -44,6 +44,8 @@ The modules, each importing only those below it:
 * ``analysis`` -- roles, static-runtime evidence, binding, the three limits,
   the verdicts, the report dataclasses and ``analyse``;
 * ``coverage`` -- what jitckpt covers: ``load_coverage`` reads the generated list;
+* ``runtime_abi`` -- which CUDA runtime ABI (libcudart.so.12 or .13) code uses, and the
+  installed PyTorch's, read without importing torch; only .13 is covered;
 * ``search``   -- ``ld.so.cache`` and the library search of the dynamic loader;
 * ``elf``      -- reading one ELF file with pyelftools;
 * ``symbols``  -- the categories of CUDA/NCCL symbol names; ``errors`` -- ``DoctorError``.
@@ -58,6 +60,7 @@ from jitckpt.doctor.coverage import Coverage, load_coverage
 from jitckpt.doctor.elf import ElfObject, Import, read_elf
 from jitckpt.doctor.errors import DoctorError
 from jitckpt.doctor.render import PROG, render_coverage, render_text
+from jitckpt.doctor.runtime_abi import RuntimeAbi, TorchRuntime, torch_runtime
 from jitckpt.doctor.search import LD_SO_CACHE, LibrarySearch, read_ld_so_cache
 from jitckpt.doctor.symbols import HIDDEN_ENTRY_POINTS, RUNTIME_VERSION_NODE, categorize
 
@@ -66,5 +69,5 @@ __all__ = [
     "Limit", "DoctorError", "Coverage", "load_coverage", "render_text", "render_coverage", "read_elf", "ElfObject",
     "Import", "LibrarySearch", "read_ld_so_cache", "LD_SO_CACHE", "categorize", "HIDDEN_ENTRY_POINTS",
     "RUNTIME_VERSION_NODE", "ROLE_RUNTIME", "ROLE_EMULATED_RUNTIME", "ROLE_NCCL", "ROLE_EMULATED_NCCL",
-    "ROLE_DRIVER", "ROLE_INTERPOSER",
+    "ROLE_DRIVER", "ROLE_INTERPOSER", "RuntimeAbi", "TorchRuntime", "torch_runtime",
 ]

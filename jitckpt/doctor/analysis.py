@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 
 from jitckpt.doctor.coverage import Coverage, load_coverage
 from jitckpt.doctor.elf import ElfObject, Import, file_contains, read_elf
+from jitckpt.doctor.runtime_abi import RuntimeAbi, runtime_abi
 from jitckpt.doctor.search import LibrarySearch, Resolved, resolve_closure
 from jitckpt.doctor.symbols import (
     CATEGORY_TITLES, CUBLAS, CUDA_LIBRARY, CUDNN, DRIVER, HIDDEN_ENTRY_POINTS, NCCL, RUNTIME, categorize,
@@ -168,6 +169,8 @@ class Report:
     passthrough: ModeVerdict
     transparent: ModeVerdict
     ld_library_path: list[str]
+    #: which libcudart (12 or 13) the code uses; None if it uses no CUDA runtime
+    runtime_abi: Optional[RuntimeAbi] = None
 
     @property
     def verdict_line(self) -> str:
@@ -197,6 +200,7 @@ class Report:
             "missing": [{"needed": m.needed, "needed_by": m.needed_by, "searched": m.found_via} for m in self.missing],
             "imports": [i.to_json() for i in self.imports],
             "provides": self.provider_summary,
+            "runtime_abi": self.runtime_abi.to_json() if self.runtime_abi is not None else None,
             "limits": [{"key": l.key, "text": l.text, "applies": l.applies, "detail": l.detail} for l in self.limits],
             "notes": self.notes,
             "verdict": {
@@ -338,11 +342,13 @@ def analyse(path: Path | str, coverage: Optional[Coverage] = None, search: Optio
 
     provider = _provider_summary(root_report, coverage)
     limits, notes = _limits_and_notes(root_report, objects, imports, missing)
-    passthrough, transparent = _verdicts(root_report, objects, imports, provider, coverage)
+    abi = runtime_abi([o.obj for o in objects], [i.symbol for i in imports])
+    passthrough, transparent = _verdicts(root_report, objects, imports, provider, coverage, abi)
     return Report(
         target=str(path), kind=kind, root=root_report, objects=objects, missing=missing, imports=imports,
         coverage=coverage, limits=limits, notes=notes, provider_summary=provider,
         passthrough=passthrough, transparent=transparent, ld_library_path=search.ld_library_path,
+        runtime_abi=abi,
     )
 
 
@@ -431,7 +437,8 @@ def _limits_and_notes(root: ObjectReport, objects: list[ObjectReport], imports: 
 
 
 def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[ImportReport],
-              provider: Optional[dict[str, Any]], coverage: Coverage) -> tuple[ModeVerdict, ModeVerdict]:
+              provider: Optional[dict[str, Any]], coverage: Coverage,
+              abi: Optional[RuntimeAbi] = None) -> tuple[ModeVerdict, ModeVerdict]:
     """Passthrough and transparent verdicts, following the three limits and the coverage."""
     name = root.obj.name
     if provider is not None:
@@ -460,7 +467,15 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
         passthrough.append(reason)
         transparent.append(reason)
     mismatched = [i for i in runtime_imports if i.status == "version mismatch"]
-    if mismatched:
+    if abi is not None and not abi.covered:
+        reason = Reason(f"uses the {abi.summary} runtime, which jitckpt does not cover",
+                        "; ".join(abi.evidence) + f". jitckpt's interposer exports {coverage.runtime_version} "
+                        "symbols only, which this code never binds to, so its CUDA calls would run unwatched. "
+                        "Rebuild against CUDA 13 (for PyTorch: a CUDA 13 build); until then jit-run leaves the "
+                        "interposer out and the Python watchdog stays in charge")
+        passthrough.append(reason)
+        transparent.append(reason)
+    elif mismatched:
         versions = sorted({i.symbol.version or "" for i in mismatched})
         reason = Reason(f"built against another CUDA runtime ({', '.join(versions)})",
                         f"jitckpt exports {coverage.runtime_version} symbols, which those imports never bind to; "

@@ -38,6 +38,8 @@ def render_text(report: Report, verbose: bool = False) -> str:
     if report.root.static_nccl:
         out.append(_wrap("contains its own NCCL: " + "; ".join(report.root.static_nccl), "  ", "    "))
     out.append(_covers(report.coverage))
+    if report.runtime_abi is not None:
+        out.append(_wrap(report.runtime_abi.line, "  ", "    "))
 
     out.append("")
     ldp = ":".join(report.ld_library_path) if report.ld_library_path else "unset"

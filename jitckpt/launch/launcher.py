@@ -11,6 +11,7 @@ and writes it as JSON.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -41,8 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Subcommands: `jit-run plan --help` (failure-cost model). "
         "Every option can also be set by the environment variable shown.",
     )
-    parser.add_argument("--checkpoint-dir", default=env(config.ENV_CHECKPOINT_DIR, config.DEFAULT_CHECKPOINT_DIR),
-                        help=f"where JIT checkpoints go [{config.ENV_CHECKPOINT_DIR}, default %(default)s]")
+    parser.add_argument("--checkpoint-dir", default=env(config.ENV_CHECKPOINT_DIR),
+                        help=f"where JIT checkpoints go [{config.ENV_CHECKPOINT_DIR}, default "
+                             f"{config.DEFAULT_CHECKPOINT_DIR}/JOB: JOB is the scheduler's job id (Slurm, PBS, LSF, "
+                             f"Kubernetes job name), so a requeued job resumes, else a digest of the command line, "
+                             f"so rerunning the same command resumes and another job never reads these checkpoints]")
     parser.add_argument("--hang-timeout", type=argparse_type(positive_number),
                         default=env(config.ENV_HANG_TIMEOUT, str(config.DEFAULT_HANG_TIMEOUT)),
                         help=f"seconds a collective may stay in flight before it counts as hung "
@@ -64,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="preload the CUDA/NCCL interposition library (C watchdog over NCCL events) into the "
                              f"workers: auto = when the host has NVIDIA GPUs or --emulated-gpus is given "
                              f"[{config.ENV_INTERPOSE}, default %(default)s]")
+    parser.add_argument("--warm-restart", choices=("on", "off"),
+                        default=env(config.ENV_WARM_RESTART, config.DEFAULT_WARM_RESTART),
+                        help="on: keep one standby interpreter per local rank that has already imported torch, and "
+                             "let it become the replacement worker when torchrun restarts the workers (restarts skip "
+                             "Python start-up and `import torch`; idle standbys cost memory); off: torchrun spawns "
+                             f"fresh interpreters [{config.ENV_WARM_RESTART}, default %(default)s]")
     parser.add_argument("--keep", type=int, default=3,
                         help="keep the newest N complete checkpoint steps, prune older ones at start (default %(default)s)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="torchrun [torchrun options] script.py [args]")
@@ -92,6 +102,50 @@ def max_restarts(torchrun_args: list[str]) -> int:
     return 0
 
 
+# Scheduler variables that name a job; the same value after a requeue.
+JOB_ID_VARIABLES = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "JOB_ID", "KUBERNETES_JOB_NAME")
+# torchrun options whose value differs between the nodes of one job: left out of the digest.
+PER_NODE_OPTIONS = ("--node-rank", "--node_rank", "--local-addr", "--local_addr")
+
+
+def default_checkpoint_dir(command: list[str], environ: dict[str, str] | None = None) -> Path:
+    """The checkpoint directory when none is given: one per job, so two jobs never read each other's.
+
+    A job is named by its scheduler's job id if there is one (a requeued job
+    keeps it, and resumes), else by torchrun's ``--rdzv-id`` (the same on every
+    node), else by a digest of its command line, without the options that
+    differ between nodes, and working directory (rerunning the same command
+    resumes; another command starts afresh).
+    """
+    environ = os.environ if environ is None else environ
+
+    def named(kind: str, value: str) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in value)[:64]
+        return Path(config.DEFAULT_CHECKPOINT_DIR) / f"{kind}-{safe}"
+
+    for name in JOB_ID_VARIABLES:
+        value = environ.get(name, "")
+        if value and value != "none":
+            return named(name.split("_")[0].lower(), value)
+    kept: list[str] = []
+    skip = False
+    for i, arg in enumerate(command):
+        option, sep, value = arg.partition("=")
+        if option in ("--rdzv-id", "--rdzv_id"):
+            value = value if sep else (command[i + 1] if i + 1 < len(command) else "")
+            if value and value != "none":
+                return named("rdzv", value)
+        if skip:
+            skip = False
+        elif option in PER_NODE_OPTIONS:
+            skip = not sep
+        else:
+            kept.append(arg)
+    digest = hashlib.sha256("\0".join([os.getcwd(), *kept]).encode()).hexdigest()[:12]
+    script = next((Path(a).stem for a in command[1:] if a.endswith(".py")), "job")
+    return Path(config.DEFAULT_CHECKPOINT_DIR) / f"{script}-{digest}"
+
+
 def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
     """Validate everything and build the agent command line and environment."""
     if not args.command:
@@ -107,8 +161,10 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         raise UsageError(str(exc)) from None
     if args.keep < 1:
         raise UsageError("--keep must be at least 1")
+    if args.warm_restart not in ("on", "off"):
+        raise UsageError(f"{config.ENV_WARM_RESTART} must be on or off (got {args.warm_restart!r})")
     try:
-        root = check_writable(args.checkpoint_dir)
+        root = check_writable(args.checkpoint_dir or default_checkpoint_dir(args.command))
     except CheckpointError as exc:
         raise UsageError(str(exc)) from None
 
@@ -130,6 +186,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         config.ENV_FAULT: args.fault,
         config.ENV_RUN_DIR: str(run_dir),
         config.ENV_SHM_DIR: str(shm_dir),
+        config.ENV_WARM_RESTART: args.warm_restart,
     })
     # torch >= 2.4 lets the workers share the rendezvous store hosted by the
     # agent of group rank 0.  If that node is lost, the others cannot form the
@@ -137,6 +194,26 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
     # fail with DistStoreError (plain torchrun too; tests/test_multinode.py).
     # The workers' own store, the behaviour before 2.4, survives that.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # ProcessGroupNCCL must not end a survivor before its JIT save is done (hang
+    # timeout + save grace; unverified on GPU).  ASYNC_ERROR_HANDLING=0: on an NCCL
+    # error or a collective timeout its watchdog neither aborts the communicators
+    # nor ends the process (torchrun would set 1: the end, ~60 s after the error).
+    # Its heartbeat monitor ends the process HEARTBEAT_TIMEOUT_SEC after any rank
+    # flags a timeout or error: keep that past the save.  A user's setting wins.
+    save_by = float(args.hang_timeout) + float(args.save_grace)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", env.get("NCCL_ASYNC_ERROR_HANDLING", "0"))
+    env.setdefault("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(int(save_by) + 61))
+    if env["TORCH_NCCL_ASYNC_ERROR_HANDLING"].strip() != "0":
+        say(f"warning: TORCH_NCCL_ASYNC_ERROR_HANDLING={env['TORCH_NCCL_ASYNC_ERROR_HANDLING']} (yours) lets "
+            f"PyTorch's NCCL watchdog abort the communicators or end the process about a minute after an NCCL "
+            f"error or timeout, which can beat the JIT save (hang timeout + save grace = {save_by:g}s); unset, "
+            f"jit-run sets 0")
+    heartbeat = env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"].strip()
+    if env.get("TORCH_NCCL_ENABLE_MONITORING", "1").strip().lower() not in ("0", "false", "no", "off") and (
+            not heartbeat.isdigit() or int(heartbeat) < save_by):
+        say(f"warning: TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC={heartbeat} (yours): PyTorch's NCCL heartbeat monitor "
+            f"ends the process that long after a collective timeout or NCCL error, which can beat the JIT save "
+            f"(hang timeout + save grace = {save_by:g}s); unset, jit-run sets {int(save_by) + 61}")
     if args.emulated_gpus is not None:
         if args.emulated_gpus < 1:
             raise UsageError("--emulated-gpus must be at least 1")
@@ -147,13 +224,20 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         except native.NativeMissing as exc:
             raise UsageError(str(exc)) from None
     if args.interpose == "on" or (args.interpose == "auto" and (args.emulated_gpus or Path("/dev/nvidiactl").exists())):
-        try:
-            env = _with_interposer(env)
-        except UsageError as exc:
-            if args.interpose == "on":
-                raise
-            say(f"warning: running without the CUDA/NCCL interposition library ({exc}); "
-                f"the Python watchdog stays in charge")
+        from jitckpt.doctor import runtime_abi
+
+        # The interposer covers CUDA 13 (libcudart.so.13) only: a CUDA 12 PyTorch is left to the Python watchdog.
+        gap = None if {"--no-python", "--no_python"} & set(torchrun_args) else runtime_abi.interposer_gap()
+        if gap is not None:
+            say(f"warning: {gap}")
+        else:
+            try:
+                env = _with_interposer(env)
+            except UsageError as exc:
+                if args.interpose == "on":
+                    raise
+                say(f"warning: running without the CUDA/NCCL interposition library ({exc}); "
+                    f"the Python watchdog stays in charge")
     return [sys.executable, "-m", "jitckpt.launch.agent", *torchrun_args], env, run_dir
 
 
@@ -196,6 +280,10 @@ def main(argv: list[str]) -> int:
     store = DiskStore(root)
     for removed in store.prune(args.keep):
         say(f"pruned old checkpoint {removed}")
+    # A save never outlives the grace period (torchrun kills it then), so an
+    # older partial directory is a dead save's leftover, on any node.
+    for removed in store.remove_torn_saves(older_than=2 * float(args.save_grace)):
+        say(f"removed the leftover of a save that never committed: {removed}")
     existing = next((step for step in store.list_steps() if is_complete(store, step)), None)
     if existing is not None:
         say(f"{root} already holds a complete checkpoint of minibatch {existing}: this job resumes from it. "

@@ -53,6 +53,7 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
     resumed_at = max((e["time"] for e in first_steps), default=None)
     resumed_step = min((e["step"] for e in resumed), default=None)
     fresh = bool(_of(records, "fresh_start", attempt + 1))
+    warm = _of(records, "warm_start", attempt + 1)  # restarted from a pre-warmed standby (jitckpt.launch.warm_start)
 
     furthest = max([d["step"] for d in detections] + [e["step"] for e in injected], default=None)
     if furthest is not None and resumed_step is not None:
@@ -81,6 +82,8 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
         "save_seconds": round(max(s["seconds"] for s in saves), 3) if saves else None,
         "save_wall_seconds": span(first_detection, last_save),
         "restart_seconds": span(last_save or first_detection or failed_at, restarted_at),
+        "warm_ranks": sorted(e["rank"] for e in warm),
+        "restarted_ranks": len(next_starts),
         "resume_seconds": span(restarted_at, resumed_at),
         "resumed_from_minibatch": resumed_step,
         "restarted_fresh": fresh,
@@ -150,6 +153,11 @@ def _fmt(value: Any, unit: str = "s") -> str:
     return "-" if value is None else f"{value:.2f}{unit}" if isinstance(value, float) else str(value)
 
 
+def _warm_note(failure: dict[str, Any]) -> str:
+    warm, restarted = len(failure.get("warm_ranks", [])), failure.get("restarted_ranks", 0)
+    return f" ({warm} of {restarted} workers warm)" if restarted else ""
+
+
 def render(report: dict[str, Any]) -> str:
     """A human-readable version of the report."""
     lines = ["", "=" * 72, "jitckpt recovery report", "=" * 72]
@@ -170,7 +178,7 @@ def render(report: dict[str, Any]) -> str:
         resumed = "fresh start" if f["restarted_fresh"] else f"minibatch {_fmt(f['resumed_from_minibatch'])}"
         lines.append(
             f"  time to detect {_fmt(f['detect_seconds'])}, save {_fmt(f['save_seconds'])}, "
-            f"restart {_fmt(f['restart_seconds'])}, resume {_fmt(f['resume_seconds'])}; "
+            f"restart {_fmt(f['restart_seconds'])}{_warm_note(f)}, resume {_fmt(f['resume_seconds'])}; "
             f"resumed from {resumed}, minibatches redone: {_fmt(f['minibatches_redone'])}"
         )
     for c in report.get("crashes_after_finishing", []):

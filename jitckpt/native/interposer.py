@@ -7,8 +7,9 @@ NCCL streams and, when one stays unfinished past the hang timeout, raises a
 about it: ``install()`` registers a C callback (cffi, ABI mode) that
 
 * under jit-run, calls the worker runtime's handler (registered with
-  ``install_runtime_handler``), after putting the whole process in save mode
-  so that the runtime's save thread gets its copies redirected off the
+  ``install_runtime_handler``), which saves on a thread of its own; that
+  thread marks itself with ``save_in_progress(True)`` for the length of the
+  save, so that its copies, and no other thread's, are redirected off the
   blocked streams; or
 * otherwise, calls the ``on_jit_event(reason, detail)`` function given to
   ``install()``, on the watchdog thread itself (which the library marks as
@@ -130,6 +131,8 @@ def _reason(code: int) -> JitReason:
     lib = _binding.lib
     if code == lib.JITCKPT_INTERPOSE_CUDA_ERROR:
         return JitReason.CUDA_ERROR
+    if code == lib.JITCKPT_INTERPOSE_NCCL_ERROR:
+        return JitReason.NCCL_ERROR
     return JitReason.CUDA_HANG
 
 
@@ -140,9 +143,8 @@ def _dispatch(reason_code: int, detail_c: Any) -> None:
     detail = ffi.string(detail_c).decode("utf-8", "replace")
     runtime_handler = _binding.runtime_handler
     if runtime_handler is not None:
-        # The runtime saves on a thread of its own; that thread's copies on
-        # blocked streams must be redirected too.
-        lib.jitckpt_interpose_save_in_progress(1, 1)
+        # The runtime saves on a thread of its own, which marks itself as saving
+        # (save_in_progress): save mode is never the whole process's.
         try:
             runtime_handler(reason, detail)
         except Exception:  # a broken runtime must not kill the C watchdog thread
@@ -200,9 +202,10 @@ def install(
 def install_runtime_handler(handler: JitEventHandler) -> bool:
     """Under jit-run: ``handler(reason, detail)`` (the worker runtime's trigger) gets every JIT event.
 
-    It must return at once (the save runs on a thread of its own); the whole
-    process is in save mode from then on.  Takes precedence over a handler
-    given to ``install``.  False if the library is not preloaded.
+    It must return at once (the save runs on a thread of its own, which calls
+    ``save_in_progress(True)`` before its first CUDA call and
+    ``save_in_progress(False)`` after its last).  Takes precedence over a
+    handler given to ``install``.  False if the library is not preloaded.
     """
     if not install():
         return False
@@ -231,14 +234,17 @@ def timeout() -> float | None:
     return None if lib is None else float(lib.jitckpt_interpose_timeout())
 
 
-def save_in_progress(active: bool, whole_process: bool = False) -> None:
-    """Mark the calling thread (or every thread) as saving: its copies on blocked streams are redirected.
+def save_in_progress(active: bool) -> None:
+    """Mark the calling thread as saving (or not): its copies on blocked streams are redirected.
 
-    Call with True on the thread that runs a JIT save, and False after it.
+    Call with True on the thread that runs a JIT save, before its first CUDA
+    call, and False after its last.  Only this thread is redirected, and only
+    until False (or until it exits): another thread's copies stay behind the
+    hung collective, as they must.
     """
     lib = _binding.load()
     if lib is not None:
-        lib.jitckpt_interpose_save_in_progress(1 if active else 0, 1 if whole_process else 0)
+        lib.jitckpt_interpose_save_in_progress(1 if active else 0)
 
 
 def in_flight_events() -> list[InFlightEvent]:

@@ -325,6 +325,20 @@ class DiskStore(CheckpointStore):
         """Hidden partial directories left by saves that never committed."""
         return torn_saves(self.root)
 
+    def remove_torn_saves(self, older_than: float) -> list[Path]:
+        """Delete partial directories untouched for ``older_than`` seconds (saves that died); returns them."""
+        removed = []
+        now = time.time()
+        for partial in self.torn_saves():
+            try:
+                newest = max([partial.stat().st_mtime] + [p.stat().st_mtime for p in partial.rglob("*")])
+            except OSError:
+                continue  # vanished meanwhile
+            if now - newest > older_than:
+                shutil.rmtree(partial, ignore_errors=True)
+                removed.append(partial)
+        return removed
+
     def prune(self, keep: int) -> list[Path]:
         """Delete all steps older than the ``keep`` newest complete ones (every shard covered).
 

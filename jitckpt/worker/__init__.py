@@ -9,6 +9,8 @@
 - ``rng_state``: per-rank RNG capture and the host shared-memory stash;
 - ``module_buffers``: BatchNorm statistics rewound to the saved minibatch;
 - ``ddp_layout``: DDP's gradient bucket order, kept across a restart;
+- ``sharding``: which ranks hold the same state (FSDP2/DTensor, HSDP, ZeRO, DDP);
+- ``standby``: a pre-warmed interpreter that becomes a worker on a warm restart;
 - ``shutdown``: a clean end of a finished script;
 - ``console``: what a worker prints.
 

@@ -57,14 +57,14 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
 
 
 def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
-    """Adopt a checkpoint's step and restore this rank's own RNG state from it."""
+    """Adopt a checkpoint's step, and have this rank's own RNG state put back when the redone minibatch starts."""
     rt.checkpoint_for = None  # the script loads it: settled, never selected again
     rt.step = info.step
     rt.resumed_from = info.step
     payload = _find_rng_payload(rt, info)
     if payload is not None:
         try:
-            rng_state.restore(payload)
+            rng_state.decode(payload)  # refuse a foreign state now, loudly, before anything is loaded
         except rng_state.RngStateError as exc:
             raise CheckpointError(
                 f"{info.path}: the RNG state stored for rank {rt.rank} is unusable ({exc}); nothing was loaded "
@@ -76,7 +76,12 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
             f"no RNG state for rank {rt.rank} at minibatch {info.step} in any replica "
             f"(its host was lost?); the redone minibatch will draw different random numbers"
         )
-    rt.stash_rng(rt.step)
+    if payload is not None:
+        if rt.stash is not None:
+            rt.stash.put(rt.step, payload)  # what minibatch rt.step starts with, should this attempt fail too
+        rt.defer_rng_restore(payload)
+    else:
+        rt.stash_rng(rt.step)
     eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path), rng_restored=payload is not None)
 
 

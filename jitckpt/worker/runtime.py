@@ -70,6 +70,9 @@ class JitRuntime:
         self.resumed_from: int | None = None
         self._primary_optimizer: int | None = None
         self._next_rng_stashed: int | None = None  # step+1 once its RNG state is stashed at a gradient collective
+        # After a resume: this rank's RNG state for the redone minibatch, put back when that minibatch starts.
+        self.pending_rng: bytes | None = None
+        self._pending_rng_hook: Any = None
         self._step_started = time.monotonic()
         self._step_seconds_total = 0.0
         self._steps_timed = 0
@@ -91,8 +94,44 @@ class JitRuntime:
 
     # ----- minibatch phase ------------------------------------------------------------
 
+    # ----- the RNG state of a redone minibatch -----------------------------------------
+
+    def defer_rng_restore(self, payload: bytes) -> None:
+        """Put ``payload`` (rng_state.capture() bytes) back when the redone minibatch starts, not now.
+
+        The script may draw random numbers between jit_get_checkpoint_path()
+        and its first minibatch (creating a DataLoader iterator draws a seed
+        from the global generator); in the fault-free run those draws happened
+        before this state was captured.  The minibatch starts at the first
+        module forward (a global forward pre-hook, removed once it fired), or
+        at the first tracked collective or optimizer step if no module runs.
+        """
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self.pending_rng = payload
+        if self._pending_rng_hook is None:
+            self._pending_rng_hook = register_module_forward_pre_hook(lambda module, args: self.minibatch_starts())
+
+    def take_pending_rng(self) -> bytes | None:
+        """Claim the deferred state (a framework adapter restores it at its framework's own minibatch start)."""
+        payload, self.pending_rng = self.pending_rng, None
+        if self._pending_rng_hook is not None:
+            self._pending_rng_hook.remove()
+            self._pending_rng_hook = None
+        return payload
+
+    def minibatch_starts(self) -> None:
+        """The redone minibatch starts: put its RNG state back (once)."""
+        payload = self.take_pending_rng()
+        if payload is not None:
+            rng_state.restore(payload)
+
+    # ----- minibatch phase (continued) ---------------------------------------------------
+
     def optimizer_pre_step(self, optimizer: object) -> None:
         """Called before every optimizer.step(): a safe point, then the optimizer phase."""
+        if self.pending_rng is not None:
+            self.minibatch_starts()
         if self._is_primary(optimizer):
             self.park_if_requested()
             self.training_started = True
@@ -153,6 +192,8 @@ class JitRuntime:
 
     def collective_entry(self, what: str) -> None:
         """A collective is about to be issued by the training thread: a safe point."""
+        if self.pending_rng is not None:
+            self.minibatch_starts()
         self.park_if_requested()
         self.training_started = True
         if self.phase != "optimizer":

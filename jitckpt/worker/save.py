@@ -55,19 +55,19 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         return config.JIT_SAVE_FAILED_EXIT_CODE
     started = time.time()
     step, phase = rt.step, rt.phase
+    # From here to the commit, this thread's CUDA work on blocked streams (the
+    # BatchNorm rewind, the user's copies) goes to a fresh stream (DESIGN decision 4).
+    interposer.save_in_progress(True)
     try:
         # Which ranks hold this state (FSDP/DTensor, ZeRO, DDP): recorded in the metadata.
         pending = rt.store.begin_save(step, sharding.refresh(rt))
         # Forward passes of this minibatch may have updated BatchNorm statistics.
         buffers_rewound = rt.buffer_snapshots.rewind(step)
         _saving.active = True
-        # This thread's CUDA copies on blocked streams go to a fresh stream (DESIGN decision 4).
-        interposer.save_in_progress(True)
         try:
             rt.save_fn(str(pending.path))
         finally:
             _saving.active = False
-            interposer.save_in_progress(False)
         rt.injector.maybe_fire("save", step)
         rng_files = _copy_rng_stashes(rt, pending.path, step)
         ddp_layout.write(pending.path)
@@ -87,6 +87,8 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         traceback.print_exc()
         eventlog.record("jit_save_failed", rank=rt.rank, attempt=rt.attempt, error=f"{type(exc).__name__}: {exc}")
         return config.JIT_SAVE_FAILED_EXIT_CODE
+    finally:
+        interposer.save_in_progress(False)
     seconds = time.time() - started
     eventlog.record("jit_saved", rank=rt.rank, attempt=rt.attempt, step=step, path=str(final), seconds=seconds, phase=phase)
     log(f"JIT checkpoint of minibatch {step} committed to {final} in {seconds:.2f}s")

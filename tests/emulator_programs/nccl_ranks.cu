@@ -5,7 +5,7 @@
 // Environment: RANK, WORLD_SIZE, and JITCKPT_TEST_ID_FILE (rank 0 writes the
 // ncclUniqueId there, the others read it).
 // Usage: nccl_ranks <collectives|determinism|hang|peer_exit|sticky|lost|
-//                    mismatch|nonblocking|bad_args|initall>
+//                    mismatch|nonblocking|bad_args|initall|graph>
 #include "common.h"
 
 #include <cuda_bf16.h>
@@ -503,6 +503,51 @@ static int cmd_initall()
     return 0;
 }
 
+// An all-reduce captured into a CUDA graph (PyTorch's pattern: the NCCL
+// stream forks from the capturing stream and joins back) runs at every
+// launch of the graph, and only then.
+static int cmd_graph()
+{
+    ncclComm_t comm = init_comm();
+    cudaStream_t s, nccl;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&nccl, cudaStreamNonBlocking));
+    float *d = upload_input(1000, 2, s);
+    CHECK(cudaStreamSynchronize(s));
+    cudaEvent_t fork, join;
+    CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(cudaEventRecord(fork, s));
+    CHECK(cudaStreamWaitEvent(nccl, fork, 0));
+    NCHECK(ncclAllReduce(d, d, 1000, ncclFloat, ncclSum, comm, nccl));
+    CHECK(cudaEventRecord(join, nccl));
+    CHECK(cudaStreamWaitEvent(s, join, 0));
+    cudaGraph_t graph;
+    CHECK(cudaStreamEndCapture(s, &graph));
+    std::vector<float> h = download(d, 1000, s);
+    for (size_t k = 0; k < 1000; k++)
+        REQUIRE(h[k] == (float)input(g_rank, k, 2));      // nothing ran yet
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    const int launches = 3;
+    for (int i = 0; i < launches; i++)
+        CHECK(cudaGraphLaunch(exec, s));
+    h = download(d, 1000, s);
+    for (size_t k = 0; k < 1000; k++) {
+        // Each launch sums every rank's value: after n launches, world^(n-1) * sum.
+        double want = reduce_ref(ncclSum, k, 2, g_world);
+        for (int i = 1; i < launches; i++)
+            want *= g_world;
+        REQUIRE(h[k] == (float)want);
+    }
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));      // before the communicator: the graph holds its ops
+    NCHECK(ncclCommDestroy(comm));
+    std::printf("OK graph rank %d\n", g_rank);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     std::string cmd = argc > 1 ? argv[1] : "";
@@ -516,6 +561,7 @@ int main(int argc, char **argv)
     if (cmd == "nonblocking") return cmd_nonblocking();
     if (cmd == "bad_args") return cmd_bad_args();
     if (cmd == "initall") return cmd_initall();
+    if (cmd == "graph") return cmd_graph();
     std::fprintf(stderr, "usage: %s <subcommand>\n", argv[0]);
     return 2;
 }

@@ -22,7 +22,17 @@ How the main thread waits (argv[1]):
            holding the GIL: the interposer must park it at the call
   runtime  as hold, with a stand-in for the jit-run runtime registered with
            install_runtime_handler: the callback must call its trigger(), which
-           saves on a Python thread of its own, as JitRuntime.trigger does
+           saves on a Python thread of its own, as JitRuntime.trigger does; that
+           thread marks itself as saving (save_in_progress), as
+           jitckpt/worker/save.py does
+  peer_dies  as hold, but instead of a hang rank 1 exits before its third
+           all-reduce: NCCL reports the lost peer as an asynchronous error
+           (ncclCommGetAsyncError), which must be a JIT event long before the
+           hang timeout
+  scoped   as runtime, and the save mode must stay the saving thread's and the
+           save's own: a bystander thread that copies on the blocked default
+           stream during the save must stay blocked, and a copy issued after
+           save_in_progress(False) must not be redirected
 
 The save copies the parameters back with cudaMemcpy (device to host, on the
 blocked legacy stream) and with cudaMemcpyAsync + cudaStreamSynchronize on
@@ -47,6 +57,7 @@ from jitckpt.native import interposer as interpose
 N = 1024
 ROUNDS = 3
 SAVED_EXIT = 75
+PEER_DIED_EXIT = 9
 D2H, H2D = 2, 1
 NCCL_FLOAT, NCCL_SUM = 7, 0
 
@@ -146,8 +157,8 @@ hang_issued_at = None
 # ---- the JIT save ------------------------------------------------------------
 
 
-def save(reason: str, detail: str) -> None:
-    """Runs on the interposer's watchdog thread."""
+def save(reason: str, detail: str, write: bool = True) -> dict:
+    """Runs on the interposer's watchdog thread, or on the stand-in runtime's save thread."""
     detected = time.monotonic()
     started = os.path.join(out_dir, f"started-rank{rank}")
     open(started, "w").close()
@@ -173,6 +184,12 @@ def save(reason: str, detail: str) -> None:
         "counters": interpose.counters(),
         "timeout": interpose.timeout(),
     }
+    if write:
+        write_record(record)
+    return record
+
+
+def write_record(record: dict) -> None:
     path = os.path.join(out_dir, f"save-rank{rank}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)
@@ -190,13 +207,38 @@ class StandInRuntime:
         threading.Thread(target=self._save_and_exit, args=(reason, detail), name="jitckpt-save").start()
 
     def _save_and_exit(self, reason: str, detail: str) -> None:
-        save(reason, detail)
+        interpose.save_in_progress(True)  # as jitckpt/worker/save.py marks the runtime's save thread
+        if mode != "scoped":
+            save(reason, detail)
+            os._exit(SAVED_EXIT)
+        bystander = Bystander()
+        record = save(reason, detail, write=False)
+        record["bystander_escaped"] = bystander.done.wait(1.0)
+        interpose.save_in_progress(False)
+        # After the save: an ordinary copy on the blocked default stream, queued behind the hang.
+        rc_after = fn(G, "cudaMemcpyAsync")(pinned, param, nbytes, D2H, LEGACY)
+        record["rc_after"] = rc_after
+        record["counters_after"] = interpose.counters()
+        write_record(record)
         os._exit(SAVED_EXIT)
+
+
+class Bystander:
+    """A thread that is not saving and copies on the blocked default stream while another thread saves."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        threading.Thread(target=self._run, name="bystander", daemon=True).start()
+
+    def _run(self) -> None:
+        copy = (ctypes.c_float * N)()
+        fn(G, "cudaMemcpy")(copy, param, nbytes, D2H)  # ctypes.CDLL: without the GIL
+        self.done.set()
 
 
 assert interpose.is_loaded(), "run me with LD_PRELOAD=libjitckpt_interpose.so"
 timeout = os.environ.get("DRIVER_TIMEOUT")
-if mode == "runtime":
+if mode in ("runtime", "scoped"):
     interpose.install(on_jit_event=None, timeout=float(timeout) if timeout else None)
     interpose.install_runtime_handler(StandInRuntime().trigger)
 else:
@@ -210,6 +252,9 @@ check(fn(G, "cudaEventCreateWithFlags")(ctypes.byref(ev), 2), "cudaEventCreateWi
 for r in range(ROUNDS):
     if r == ROUNDS - 1:
         hang_issued_at = time.monotonic()
+        if mode == "peer_dies" and rank == 1:
+            print(f"rank {rank}: exiting before round {r}", flush=True)
+            os._exit(PEER_DIED_EXIT)
     check(fn(G, "ncclAllReduce")(grad, grad, N, NCCL_FLOAT, NCCL_SUM, comm, nccl_stream), "ncclAllReduce")
     check(fn(G, "cudaEventRecord")(ev, nccl_stream), "cudaEventRecord")
     check(fn(G, "cudaStreamWaitEvent")(LEGACY, ev, 0), "cudaStreamWaitEvent")
@@ -218,7 +263,7 @@ for r in range(ROUNDS):
     print(f"rank {rank}: round {r} issued", flush=True)
     if mode == "release":
         rc = fn(G, "cudaStreamSynchronize")(LEGACY)
-    elif mode in ("hold", "runtime") or r < ROUNDS - 1:
+    elif mode in ("hold", "runtime", "scoped", "peer_dies") or r < ROUNDS - 1:
         rc = fn(P, "cudaStreamSynchronize")(LEGACY)
     else:  # late: wait in Python until the save has started, then block holding the GIL
         while not os.path.exists(os.path.join(out_dir, f"started-rank{rank}")):

@@ -32,6 +32,9 @@ def main() -> None:
     add_job_args(p)
     p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop), first attempt only")
     p.add_argument("--log-every", type=int, default=1000)
+    p.add_argument("--loader-before-loop", action="store_true",
+                   help="create a shuffled DataLoader iterator (it draws a seed from the global generator) "
+                        "between jit_get_checkpoint_path() and the first minibatch, as most real scripts do")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -40,6 +43,9 @@ def main() -> None:
     model, optimizer, scheduler = build(args, rank)
     progress = {"step": 0}
     start, _ = use_jitckpt(model, optimizer, scheduler, progress)
+    if args.loader_before_loop:
+        loader = torch.utils.data.DataLoader(list(range(16)), batch_size=4, shuffle=True)
+        next(iter(loader))  # the iterator draws its base seed, the sampler its permutation
     ddp = DDP(model)
     loss_fn = nn.MSELoss()
     for step in range(start, args.steps):

@@ -1,0 +1,332 @@
+"""A pre-warmed standby interpreter that becomes one training worker when torchrun (re)starts its workers.
+
+Restarting a job is mostly Python start-up and ``import torch`` (DESIGN.md,
+decision 3).  jit-run's agent (``jitckpt.launch.warm_start``) therefore keeps
+one standby per local rank, started ahead of time as
+
+    python -u -m jitckpt.worker.standby --fd N --parent PID
+
+A standby imports torch and the modules every jit-run worker needs
+(``PRELOAD``), tells the agent it is ready and blocks on its socket.  When
+torchrun starts a worker, the agent sends the worker's command line,
+environment, working directory and stdout/stderr file descriptors instead of
+spawning a new interpreter, and the standby turns itself into that worker, in
+the order a fresh ``python -u script.py`` would:
+
+1. stdout/stderr become torchrun's (``dup2``: its redirects, ``--tee``, log
+   files); the working directory and the environment become exactly the
+   worker's; ``sys.argv`` and ``sys.orig_argv`` those of the worker's command;
+2. ``jitckpt.worker.arm()``, as the bootstrap ``sitecustomize`` does in a
+   fresh interpreter (it must see the rank's environment);
+3. ``sys.path[0]`` becomes the script's directory (the current directory for
+   ``-m``), and the script runs as a fresh ``__main__`` module with the
+   globals, ``__file__`` and loader a fresh interpreter gives it (``-m``:
+   ``runpy._run_module_as_main``, as Python does); an uncaught exception is
+   printed by ``sys.excepthook`` without the standby's frames, sets
+   ``sys.last_*`` and exits with status 1; ``SystemExit`` and normal ends go
+   through the interpreter's own shutdown, so atexit hooks and exit codes are
+   those of a fresh worker.
+
+The process is the agent's own child (``subprocess.Popen``, a new session),
+so torchrun monitors, signals and reaps it like one it spawned.  Nothing
+draws random numbers between the imports and the script: torch (2.13) and
+Python's ``random`` seed their generators from the OS at import, in a fresh
+worker as in a standby, and a deterministic script seeds them itself.
+
+The preload records which environment variables it read (``os.environ``);
+the agent hands a standby only a worker whose environment agrees on those.
+A scan of the whole environment (tqdm, imported by torch._dynamo, looks for
+``TQDM_*``) sees only the variables the standby has, none of a worker's own;
+where that happened goes into the event log.  Nothing here runs on import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+import types
+from typing import Any
+
+from jitckpt import config
+
+# torch, and what jit-run's worker hooks import when they arm; torch._dynamo is
+# what the first torch.optim optimizer imports (over a second of start-up).
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.optim",
+    "torch._dynamo",
+    "jitckpt.worker.instrument",
+    "jitckpt.worker.watchdog",
+)
+_HEADER = struct.Struct("!Q")
+_PR_SET_PDEATHSIG = 1
+
+
+# ----- the wire: length-prefixed JSON, file descriptors alongside the header -------------
+
+
+def send_message(sock: socket.socket, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+    """Send one JSON message (and ``fds`` with SCM_RIGHTS)."""
+    body = json.dumps(message).encode()
+    header = _HEADER.pack(len(body))
+    if fds:
+        socket.send_fds(sock, [header], list(fds))
+    else:
+        sock.sendall(header)
+    sock.sendall(body)
+
+
+def _recv_exactly(sock: socket.socket, size: int, start: bytes = b"") -> bytes:
+    data = bytearray(start)
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError("the other end closed the socket")
+        data += chunk
+    return bytes(data)
+
+
+def recv_message(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
+    """Receive one message sent by :func:`send_message`; raises EOFError if the peer is gone."""
+    if max_fds:
+        head, fds, _flags, _addr = socket.recv_fds(sock, _HEADER.size, max_fds)
+        if not head:
+            raise EOFError("the other end closed the socket")
+    else:
+        head, fds = b"", []
+    head = _recv_exactly(sock, _HEADER.size, head)
+    (size,) = _HEADER.unpack(head)
+    return json.loads(_recv_exactly(sock, size)), list(fds)
+
+
+# ----- the standby ----------------------------------------------------------------------
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    """Linux: ``sig`` when the thread that started us exits (0 turns it off).  Best effort."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _caller_outside_the_mapping() -> str:
+    """``file:line`` of the first frame outside os.environ's own code (who scans the environment)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", "collections.abc"):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+
+
+def _preload() -> tuple[list[str], list[str]]:
+    """Import ``PRELOAD``.  Returns the environment variables read meanwhile, and where the whole
+    environment was scanned (a scan sees only the variables present: none of a worker's own)."""
+    read: set[str] = set()
+    scanned: set[str] = set()
+    environ_type = type(os.environ)
+    own = {name: environ_type.__dict__.get(name) for name in ("__getitem__", "__contains__", "__iter__")}
+    inherited = {name: getattr(environ_type, name) for name in own}
+
+    def getitem(self: Any, key: str) -> Any:
+        if sys._getframe(1).f_code.co_name != "__iter__":  # (items()/values() of a scan read every value)
+            read.add(key)
+        return inherited["__getitem__"](self, key)
+
+    def contains(self: Any, key: object) -> bool:
+        read.add(str(key))
+        return inherited["__contains__"](self, key)
+
+    def iterate(self: Any) -> Any:
+        scanned.add(_caller_outside_the_mapping())
+        return inherited["__iter__"](self)
+
+    environ_type.__getitem__, environ_type.__contains__, environ_type.__iter__ = getitem, contains, iterate
+    try:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass  # (another torch version): the worker imports what it needs itself
+    finally:
+        for name, original in own.items():
+            if original is None:
+                delattr(environ_type, name)
+            else:
+                setattr(environ_type, name, original)
+    return sorted(read), sorted(scanned)
+
+
+def _apply_environment(env: dict[str, str]) -> None:
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+def _fresh_main_module() -> types.ModuleType:
+    """A ``__main__`` module as a fresh interpreter has it, in ``sys.modules``."""
+    import builtins
+    import importlib.machinery
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__annotations__": {}, "__builtins__": builtins,
+                          "__loader__": importlib.machinery.BuiltinImporter})
+    sys.modules["__main__"] = main
+    return main
+
+
+def _exit_by_sigint() -> None:
+    """How a fresh interpreter ends after an uncaught KeyboardInterrupt: shutdown as usual, then SIGINT."""
+    import atexit
+    import threading
+
+    threading._shutdown()  # type: ignore[attr-defined]  (joins non-daemon threads, as finalisation does)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    os._exit(128 + signal.SIGINT)  # (SIGINT blocked)
+
+
+def _run_as_main(run: Any) -> None:
+    """Run ``run()`` the way the interpreter runs a script: uncaught exceptions print and exit 1."""
+    try:
+        run()
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001  (what the interpreter does at top level)
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_globals is globals():
+            tb = tb.tb_next  # the standby's own frames are not the script's business
+        exc.__traceback__ = tb  # (what the default excepthook prints)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+        sys.last_exc = exc  # type: ignore[attr-defined]  (Python 3.12 reads this one)
+        try:
+            sys.excepthook(type(exc), exc, tb)
+        except BaseException as hook_error:  # noqa: BLE001
+            print("Error in sys.excepthook:", file=sys.stderr)
+            sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+            print("\nOriginal exception was:", file=sys.stderr)
+            sys.__excepthook__(type(exc), exc, tb)
+        if isinstance(exc, KeyboardInterrupt):
+            _exit_by_sigint()
+        raise SystemExit(1) from None
+
+
+def _run_script(path: str, main: types.ModuleType) -> None:
+    import importlib.machinery
+
+    absolute = os.path.abspath(path)
+    if not sys.flags.safe_path:
+        sys.path.insert(0, os.path.dirname(os.path.realpath(path)))
+    main.__dict__.update({"__file__": absolute, "__cached__": None,
+                          "__loader__": importlib.machinery.SourceFileLoader("__main__", absolute)})
+
+    def run() -> None:
+        with open(absolute, "rb") as f:
+            source = f.read()
+        exec(compile(source, absolute, "exec", dont_inherit=True), main.__dict__)
+
+    try:
+        _run_as_main(run)
+    finally:
+        for name in ("__file__", "__cached__"):  # as the interpreter does once the script is over
+            main.__dict__.pop(name, None)
+
+
+def _run_module(name: str) -> None:
+    import runpy
+
+    if not sys.flags.safe_path:
+        sys.path.insert(0, os.getcwd())
+    _run_as_main(lambda: runpy._run_module_as_main(name, alter_argv=True))  # type: ignore[attr-defined]
+
+
+def _arm() -> None:
+    """Arm jitckpt as the bootstrap sitecustomize does in a fresh worker (the same function, when loaded)."""
+    bootstrap = sys.modules.get("sitecustomize")
+    if os.path.basename(os.path.dirname(getattr(bootstrap, "__file__", None) or "")) == "_bootstrap":
+        bootstrap._arm()  # type: ignore[union-attr]
+    elif config.is_active():
+        import jitckpt.worker
+
+        jitckpt.worker.arm()
+
+
+def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle_since: float) -> None:
+    """Turn this standby into the worker ``job`` describes, then run its script (see the module docstring)."""
+    _set_parent_death_signal(0)  # a worker outlives the agent exactly as a fresh one would
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    for target, fd in zip((1, 2), fds):
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+    os.chdir(job["cwd"])
+    _apply_environment(job["env"])
+    sys.argv = list(job["argv"])
+    sys.orig_argv = list(job["orig_argv"])
+    send_message(sock, {"started": True})
+    sock.close()
+
+    main = _fresh_main_module()
+    _arm()
+    from jitckpt import eventlog
+
+    # (after arm(), whose worker_start event opens the event log at the file descriptor a fresh worker uses)
+    eventlog.record(
+        "warm_start",
+        rank=int(os.environ.get("RANK", "-1")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "-1")),
+        attempt=int(os.environ.get(config.ENV_WORKER_GENERATION) or os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
+        idle_seconds=round(time.time() - idle_since, 3),
+    )
+    if job["module"]:
+        _run_module(job["target"])
+    else:
+        _run_script(job["target"], main)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jitckpt.worker.standby", description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True, help="the socket to the agent (inherited)")
+    parser.add_argument("--parent", type=int, required=True, help="the agent's pid")
+    args = parser.parse_args(argv)
+    # ``python -m`` put the current directory first on sys.path; a worker's
+    # path starts with its script's directory instead (set at hand-over).
+    if not sys.flags.safe_path and sys.path and sys.path[0] == os.getcwd():
+        del sys.path[0]
+    sock = socket.socket(fileno=args.fd)
+    _set_parent_death_signal(signal.SIGKILL)  # an idle standby never outlives the agent
+    if os.getppid() != args.parent:
+        os._exit(0)
+    started = time.monotonic()
+    env_read, env_scanned_by = _preload()
+    idle_since = time.time()
+    try:
+        send_message(sock, {"ready": True, "pid": os.getpid(), "seconds": round(time.monotonic() - started, 3),
+                            "env_read": env_read, "env_scanned_by": env_scanned_by})
+        job, fds = recv_message(sock, max_fds=2)
+    except (EOFError, OSError):
+        os._exit(0)  # the agent is done with us (or gone)
+    become_worker(sock, job, fds, idle_since)
+
+
+if __name__ == "__main__":
+    main()
