@@ -39,12 +39,31 @@ class JobResult:
         return found[-1] if found else None
 
 
-def run_plain(nproc: int = 4, args: list[str] | None = None) -> JobResult:
+def run_plain(nproc: int = 4, args: list[str] | None = None, script: Path = EXAMPLE) -> JobResult:
     """A fault-free run under plain torchrun, without jit-run (jitckpt is a no-op there)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           str(EXAMPLE), *TRAIN_ARGS, *(args or [])]
+           str(script), *(TRAIN_ARGS if script == EXAMPLE else []), *(args or [])]
     proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=REPO)
     return JobResult(proc.returncode, proc.stdout + proc.stderr, None)
+
+
+# torch 2.13's gloo teardown race (tests/test_shutdown.py): under plain torchrun a rank
+# can abort in interpreter shutdown after its script finished and printed its result.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def reference_sha(nproc: int = 4, args: list[str] | None = None, script: Path = EXAMPLE) -> str:
+    """The final-parameter hash of a fault-free plain-torchrun run, the reference for bit-exactness.
+
+    A run whose only defect is the known teardown abort, after rank 0 printed
+    the hash, still computed the reference; any other failure is retried
+    (at most three runs) and then fails the test with the output.
+    """
+    for _ in range(3):
+        result = run_plain(nproc, args, script)
+        if result.sha and (result.returncode == 0 or TEARDOWN_ABORT in result.output):
+            return result.sha
+    raise AssertionError("the fault-free reference run failed three times:\n" + result.output[-3000:])
 
 
 def run_jit(
@@ -79,7 +98,4 @@ def run_jit(
 @pytest.fixture(scope="session")
 def fault_free_sha() -> str:
     """Final-parameter hash of the fault-free run with plain torchrun (no jitckpt)."""
-    result = run_plain()
-    assert result.returncode == 0, result.output[-3000:]
-    assert result.sha, result.output[-3000:]
-    return result.sha
+    return reference_sha()

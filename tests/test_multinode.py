@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import EXAMPLE, JOB_TIMEOUT, REPO, TRAIN_ARGS, job_env, run_plain
+from conftest import EXAMPLE, JOB_TIMEOUT, REPO, TRAIN_ARGS, job_env, reference_sha
 
 
 def _free_port() -> int:
@@ -143,8 +143,7 @@ def test_a_lost_node_is_replaced_and_training_ends_bit_exact(tmp_path):
     # No dropout: the lost node's RNG stash dies with it, so its ranks' random
     # streams cannot be restored (documented); everything else must match.
     train_args = ["--steps", "40", "--dropout", "0"]
-    reference = run_plain(args=train_args)
-    assert reference.returncode == 0 and reference.sha, reference.output[-3000:]
+    reference_hash = reference_sha(args=train_args)
 
     port = _free_port()
     survivor = _launch_node(tmp_path, "survivor", port, train_args=[*train_args, "--step-sleep", "0.4"])
@@ -168,7 +167,7 @@ def test_a_lost_node_is_replaced_and_training_ends_bit_exact(tmp_path):
         assert code == 0, output[-4000:]
         assert report is not None, output[-3000:]
     shas = [_sha(output) for _, output, _ in results.values()]
-    assert reference.sha in shas, shas
+    assert reference_hash in shas, shas
 
     _, output, report = results["survivor"]
     (failure,) = report["failures"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import run_jit, run_plain
+from conftest import reference_sha, run_jit
 
 pytestmark = pytest.mark.slow
 
@@ -97,9 +97,7 @@ BATCHNORM_MATRIX = [("kill", "backward", 6), ("hang", "allreduce", 10), ("kill",
 
 @pytest.fixture(scope="module")
 def fault_free_sha_batchnorm() -> str:
-    result = run_plain(args=["--batchnorm"])
-    assert result.returncode == 0 and result.sha, result.output[-3000:]
-    return result.sha
+    return reference_sha(args=["--batchnorm"])
 
 
 @pytest.mark.parametrize("kind,phase,step", BATCHNORM_MATRIX, ids=[f"{k}-{p}-{s}" for k, p, s in BATCHNORM_MATRIX])

@@ -8,12 +8,9 @@ frozen worker does not hold the restart.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from conftest import JOB_TIMEOUT, REPO, JobResult, job_env, run_jit
+from conftest import JobResult, reference_sha, run_jit
 
 pytestmark = pytest.mark.slow
 
@@ -99,11 +96,7 @@ def script(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fault_free_sha(script):
     """The script under plain torchrun, without a fault (jitckpt is a no-op there)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(NPROC), str(script)]
-    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=REPO)
-    result = JobResult(proc.returncode, proc.stdout + proc.stderr, None)
-    assert result.returncode == 0 and result.sha, result.output[-3000:]
-    return result.sha
+    return reference_sha(nproc=NPROC, script=script)
 
 
 def _single_recovery(result: JobResult, fault_free_sha: str) -> dict:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from conftest import run_jit, run_plain
+from conftest import run_jit, reference_sha
 
 pytestmark = pytest.mark.soak
 
@@ -24,10 +24,9 @@ def test_many_random_failures_end_bit_exact(tmp_path):
         for attempt, step in enumerate(steps)
     ]
     args = ["--steps", str(STEPS)]
-    baseline = run_plain(args=args)
-    assert baseline.returncode == 0 and baseline.sha
+    baseline_sha = reference_sha(args=args)
     result = run_jit(tmp_path / "ckpt", fault=";".join(faults), max_restarts=FAILURES, args=args, timeout=1200)
     assert result.returncode == 0, result.output[-4000:]
-    assert result.sha == baseline.sha, "; ".join(faults)
+    assert result.sha == baseline_sha, "; ".join(faults)
     assert result.report["restarts"] == FAILURES
     assert all(f["minibatches_redone"] == 1 for f in result.report["failures"]), result.report["failures"]

@@ -10,12 +10,10 @@ passes are over by then).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
-from conftest import JOB_TIMEOUT, REPO, JobResult, job_env, run_jit
+from conftest import REPO, reference_sha, run_jit
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +22,7 @@ ARGS = ["--steps", "16", "--accum", "2"]
 
 
 def _fault_free_sha(*extra: str) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", str(SCRIPT), *ARGS, *extra]
-    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=REPO)
-    result = JobResult(proc.returncode, proc.stdout + proc.stderr, None)
-    assert result.returncode == 0 and result.sha, result.output[-3000:]
-    return result.sha
+    return reference_sha(nproc=3, args=[*ARGS, *extra], script=SCRIPT)
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +53,15 @@ def test_death_between_backward_and_step_resumes_with_the_right_random_numbers(t
     assert failure["resumed_from_minibatch"] == step + 1, failure
     assert "no RNG state for rank" not in result.output, result.output[-4000:]
     assert result.sha == clip_fault_free_sha, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+def test_a_peer_frozen_before_an_object_collective_is_caught_by_the_hang_timeout(tmp_path):
+    """broadcast_object_list calls broadcast through distributed_c10d's own namespace: it must be watched too."""
+    expected = _fault_free_sha("--object-collective")
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=[*ARGS, "--object-collective", "--die", "1:6:stop-before-broadcast"],
+                     timeout=240)
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert any(d["how"] == "hang" for d in failure["detected_by"]), failure
+    assert failure["resumed_from_minibatch"] == 6 and failure["minibatches_redone"] == 1, failure
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]

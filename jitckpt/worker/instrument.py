@@ -40,6 +40,9 @@ _COLLECTIVES = (
     "reduce",
     "barrier",
     "all_to_all_single",
+    "all_to_all",
+    "gather",
+    "scatter",
 )
 _installed = False
 
@@ -107,13 +110,25 @@ def _give_each_attempt_its_own_store(runtime: JitRuntime) -> None:
 
 
 def _patch_collectives(runtime: JitRuntime) -> None:
+    """Track the Python collectives, in ``torch.distributed`` and in ``distributed_c10d`` itself.
+
+    The object collectives (``broadcast_object_list``, ``all_gather_object``,
+    ``gather_object``, ``scatter_object_list``) and other helpers call
+    ``broadcast``/``all_gather``/... through ``distributed_c10d``'s own module
+    namespace, so patching only ``torch.distributed`` would leave a hang in
+    them unseen.  Both names get the same wrapper.
+    """
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d
 
     for name in _COLLECTIVES:
-        original = getattr(dist, name, None)
+        original = getattr(distributed_c10d, name, None) or getattr(dist, name, None)
         if original is None or getattr(original, "_jitckpt_wrapped", False):
             continue
-        setattr(dist, name, _tracked_collective(runtime, name, original))
+        wrapper = _tracked_collective(runtime, name, original)
+        for module in (dist, distributed_c10d):
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapper)
 
 
 def _coalescing() -> bool:

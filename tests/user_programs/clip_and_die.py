@@ -30,7 +30,10 @@ from train_mlp import use_jitckpt  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser()
     add_job_args(p)
-    p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop), first attempt only")
+    p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop between backward and step, "
+                                              "stop-before-broadcast: before the step's object broadcast), first attempt only")
+    p.add_argument("--object-collective", action="store_true",
+                   help="every step, rank 0 broadcasts the step number with dist.broadcast_object_list first")
     p.add_argument("--log-every", type=int, default=1000)
     p.add_argument("--loader-before-loop", action="store_true",
                    help="create a shuffled DataLoader iterator (it draws a seed from the global generator) "
@@ -50,6 +53,13 @@ def main() -> None:
     loss_fn = nn.MSELoss()
     for step in range(start, args.steps):
         progress["step"] = step
+        if args.object_collective:
+            if attempt == 0 and rank == int(die_rank) and step == int(die_step) and how == "stop-before-broadcast":
+                print(f"rank {rank}: freezing before the object broadcast of minibatch {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            box = [step if rank == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            assert box[0] == step, (box, step)
         for micro in range(args.accum):
             x, y = batch(args, step, micro, rank)
             if micro < args.accum - 1:
@@ -61,7 +71,7 @@ def main() -> None:
         # ---- user code between backward() and step() ----
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=1.0)
         logged = loss.item()
-        if attempt == 0 and rank == int(die_rank) and step == int(die_step):
+        if attempt == 0 and rank == int(die_rank) and step == int(die_step) and how in ("kill", "stop"):
             print(f"rank {rank}: dying ({how}) between backward and step of minibatch {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         optimizer.step()
