@@ -523,7 +523,9 @@ def test_a_hung_allreduce_on_one_rank_stalls_every_rank_and_the_job_never_finish
     log = tmp_path / "job.log"
     env = _env({"JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=5,kind=hang"})
     with log.open("w") as sink:
-        job = subprocess.Popen(torchrun_cmd(world, "--steps", "100", "--log-every", "1", "--stall-report", "1"),
+        # (the file rendezvous: MASTER_PORT + 1 of the TCP one can be taken on a busy machine)
+        job = subprocess.Popen(torchrun_cmd(world, "--steps", "100", "--log-every", "1", "--stall-report", "1",
+                                            "--rendezvous-dir", str(tmp_path / "rdv")),
                                env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
     workers: dict[int, str] = {}
     stalled = re.compile(r"mlp\[rank (\d)\]: stalled .* the all-reduce of step 5 has not completed")

@@ -15,7 +15,7 @@ import os
 import sys
 
 import torch
-from job_common import first_attempt, inject, parse_fault, print_result
+from job_common import end_cleanly, first_attempt, inject, parse_fault, print_result
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
 
@@ -75,6 +75,7 @@ def main() -> None:
     trainer.train()
     if args.process_index == 0:
         print_result(trainer.model.state_dict(), trainer.state.global_step)
+    end_cleanly()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import os
 import sys
 
 import torch
-from job_common import first_attempt, inject, parse_fault, print_result
+from job_common import end_cleanly, first_attempt, inject, parse_fault, print_result
 from torch import nn
 
 pl = importlib.import_module(sys.argv[1] if len(sys.argv) > 1 else "lightning.pytorch")
@@ -73,6 +73,7 @@ def main() -> None:
     trainer.fit(model, loader)
     if trainer.global_rank == 0:
         print_result(model.state_dict(), trainer.global_step)
+    end_cleanly()
 
 
 if __name__ == "__main__":
