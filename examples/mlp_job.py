@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -32,6 +35,20 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--batchnorm", action="store_true", help="BatchNorm after each hidden layer (running statistics are buffers)")
+    p.add_argument("--backend", default="gloo",
+                   help="process-group backend: gloo, or ncclorder (the test backend with NCCL's ordering, tests/nccl_order)")
+
+
+def init_process_group(args: argparse.Namespace) -> None:
+    """``dist.init_process_group(args.backend)``; registers the ``ncclorder`` test backend only when it is asked for."""
+    if args.backend == "ncclorder":
+        tests = str(Path(__file__).resolve().parents[1] / "tests")
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        import nccl_order
+
+        nccl_order.register()
+    dist.init_process_group(args.backend)
 
 
 def make_model(args: argparse.Namespace) -> nn.Module:

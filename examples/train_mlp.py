@@ -28,7 +28,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import jitckpt
-from mlp_job import add_job_args, build, parameters_sha256, train_step
+from mlp_job import add_job_args, build, init_process_group, parameters_sha256, train_step
 
 
 def parse_args() -> argparse.Namespace:
@@ -72,7 +72,7 @@ def use_jitckpt(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: t
 
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")
+    init_process_group(args)
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optimizer, scheduler = build(args, rank)
     progress = {"step": 0}

@@ -21,6 +21,9 @@ ENV_ENABLE = "JITCKPT_ENABLE"
 ENV_CHECKPOINT_DIR = "JITCKPT_CHECKPOINT_DIR"
 ENV_HANG_TIMEOUT = "JITCKPT_HANG_TIMEOUT"
 ENV_SAVE_GRACE = "JITCKPT_SAVE_GRACE"
+# Seconds a worker waits for every other rank's choice of checkpoint step
+# (jitckpt.worker.step_agreement) before giving up with an error naming the missing ranks.
+ENV_AGREEMENT_TIMEOUT = "JITCKPT_AGREEMENT_TIMEOUT"
 ENV_FAULT = "JITCKPT_FAULT"
 ENV_REPORT = "JITCKPT_REPORT"
 # Per-job scratch: event logs of every worker attempt, read back for the report.
@@ -44,6 +47,7 @@ ENV_ALLOW_WORLD_SIZE_CHANGE = "JITCKPT_ALLOW_WORLD_SIZE_CHANGE"
 DEFAULT_CHECKPOINT_DIR = "./jit-checkpoints"
 DEFAULT_HANG_TIMEOUT = 60.0
 DEFAULT_SAVE_GRACE = 60.0
+DEFAULT_AGREEMENT_TIMEOUT = 300.0
 DEFAULT_WARM_RESTART = "on"
 
 # Exit status of a worker that completed its just-in-time save (EX_TEMPFAIL:

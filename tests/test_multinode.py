@@ -32,13 +32,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch_node(tmp_path: Path, name: str, port: int, fault: str = "", train_args: list[str] | None = None) -> subprocess.Popen:
+def _launch_node(tmp_path: Path, name: str, port: int, fault: str = "", train_args: list[str] | None = None,
+                 nproc_per_node: int = 2) -> subprocess.Popen:
     """One node: jit-run with its own torchrun agent (2 workers) in a 2-node c10d rendezvous on ``port``."""
     cmd = [sys.executable, "-m", "jitckpt", "--checkpoint-dir", str(tmp_path / "ckpt"), "--hang-timeout", "3",
            "--save-grace", "30", "--report", str(tmp_path / f"{name}-report.json")]
     if fault:
         cmd += ["--fault", fault]
-    cmd += ["torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+    cmd += ["torchrun", "--nnodes", "2", "--nproc_per_node", str(nproc_per_node), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "jitckpt-two-nodes", "--max-restarts", "2",
             str(EXAMPLE), *TRAIN_ARGS, *(train_args or [])]
     log = open(tmp_path / f"{name}.log", "w")
@@ -70,11 +71,11 @@ def _finish(tmp_path: Path, name: str, proc: subprocess.Popen) -> tuple[int, str
     return code, output, json.loads(report.read_text()) if report.exists() else None
 
 
-def _run_two_nodes(tmp_path: Path, fault: str) -> list[tuple[int, str, dict | None]]:
+def _run_two_nodes(tmp_path: Path, fault: str, nproc_per_node: int = 2) -> list[tuple[int, str, dict | None]]:
     port = _free_port()
-    first = _launch_node(tmp_path, "node0", port, fault)
+    first = _launch_node(tmp_path, "node0", port, fault, nproc_per_node=nproc_per_node)
     _wait_listening(port)  # the first node hosts the rendezvous store
-    second = _launch_node(tmp_path, "node1", port, fault)
+    second = _launch_node(tmp_path, "node1", port, fault, nproc_per_node=nproc_per_node)
     return [_finish(tmp_path, "node0", first), _finish(tmp_path, "node1", second)]
 
 
@@ -137,6 +138,18 @@ def test_two_nodes_recover_from_a_dead_worker_bit_exact(tmp_path, fault_free_sha
         rounds.setdefault(start["attempt"], set()).add(start["rendezvous_round"])
     assert len(starts) == 8 and all(len(r) == 1 and None not in r for r in rounds.values()), starts
     assert rounds[0] != rounds[1]
+
+
+def test_a_worker_alone_on_its_node_resumes_with_its_own_random_state(tmp_path):
+    """Its replica (on the other node) cannot copy its RNG stash; its own node's stash survived and is used."""
+    results = _run_two_nodes(tmp_path, "rank=1,step=5,phase=backward,kind=kill", nproc_per_node=1)
+    for code, output, _ in results:
+        assert code == 0, output[-4000:]
+    saved = sorted((tmp_path / "ckpt").glob("step-*/rank-*/jitckpt-rng/*"))
+    assert [p.name for p in saved] == ["rank-00000.bin"]  # the checkpoint holds rank 0's state only
+    outputs = "".join(output for _, output, _ in results)
+    assert "no RNG state for rank 1" not in outputs, outputs[-4000:]
+    assert reference_sha(2) in [_sha(output) for _, output, _ in results], outputs[-4000:]
 
 
 def test_a_lost_node_is_replaced_and_training_ends_bit_exact(tmp_path):

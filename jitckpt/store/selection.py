@@ -105,10 +105,18 @@ def _own_copies(infos: list[CheckpointInfo], coords: ParallelCoordinates, where:
     return sorted(mine, key=lambda info: (info.coords.rank != coords.rank, info.coords.rank))
 
 
-def select(store: CheckpointStore, coords: ParallelCoordinates, allow_world_size_change: bool = False) -> CheckpointInfo | None:
-    """The newest verified checkpoint of ``coords``'s own shard (see module docstring)."""
-    for step in store.list_steps():
-        candidates = list(store.replicas(step))
+def select(store: CheckpointStore, coords: ParallelCoordinates, allow_world_size_change: bool = False, *,
+           step: int | None = None) -> CheckpointInfo | None:
+    """The newest verified checkpoint of ``coords``'s own shard (see module docstring).
+
+    With ``step``, only that step is considered (the one every rank of the job
+    agreed on, ``jitckpt.worker.step_agreement``): its checkpoint, or None if
+    this rank cannot load it, the reasons given as CheckpointWarnings as usual.
+    """
+    for listed in store.list_steps():
+        if step is not None and listed != step:
+            continue
+        candidates = list(store.replicas(listed))
         if not candidates:
             continue
         where = candidates[0][0].parent
@@ -130,7 +138,7 @@ def select(store: CheckpointStore, coords: ParallelCoordinates, allow_world_size
                 f"{where} was written with pipeline x tensor parallel sizes {pp_size}x{tp_size}, "
                 f"this job uses {coords.pp_size}x{coords.tp_size}; nothing was loaded or deleted"
             )
-        infos = _intact(store, step)
+        infos = _intact(store, listed)
         missing = uncovered_ranks(infos, world_sizes.pop())
         if missing:
             warnings.warn(lost_shards(where, missing, infos), CheckpointWarning, stacklevel=2)
@@ -142,6 +150,7 @@ def select(store: CheckpointStore, coords: ParallelCoordinates, allow_world_size
             except CheckpointError as exc:
                 warnings.warn(f"skipping checkpoint: {exc}", CheckpointWarning, stacklevel=2)
         if mine:
-            warnings.warn(f"skipping {where}: every copy of shard '{coords.shard}' is corrupt; trying an older step",
+            older = "; trying an older step" if step is None else ""
+            warnings.warn(f"skipping {where}: every copy of shard '{coords.shard}' is corrupt{older}",
                           CheckpointWarning, stacklevel=2)
     return None

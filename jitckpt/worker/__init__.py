@@ -6,7 +6,13 @@
   collectives, DDP's gradient all-reduce, the last-resort excepthook);
 - ``watchdog``: the Python watchdog thread (hang timeouts, SIGTERM);
 - ``save`` and ``resume``: the JIT save and the way back (paper §3.2);
-- ``rng_state``: per-rank RNG capture and the host shared-memory stash;
+- ``rng_state``: per-rank RNG capture; ``stash``: the host shared-memory
+  stash of each rank's own state (RNG, data loaders) per minibatch;
+- ``minibatch``: which optimizers make up a minibatch, and whether its
+  optimizer phase has applied anything; ``skipped_steps``: GradScaler's
+  skipped steps counted;
+- ``step_agreement``: every rank resumes from the same step (the job's store);
+- ``importhook``: run a function right after a named module is imported;
 - ``module_buffers``: BatchNorm statistics rewound to the saved minibatch;
 - ``ddp_layout``: DDP's gradient bucket order, kept across a restart;
 - ``sharding``: which ranks hold the same state (FSDP2/DTensor, HSDP, ZeRO, DDP);

@@ -8,7 +8,19 @@
   registers is wrapped the same way instead.  A collective error is caught in
   the completion callback, so ``backward()`` of a healthy rank never raises
   "connection reset" before the save has run: the callback parks instead.
-- The Python-level collectives of ``torch.distributed`` are wrapped likewise.
+- The Python-level collectives of ``torch.distributed`` are wrapped likewise,
+  and so are the functional collectives (``torch.distributed._functional_collectives``:
+  their issue is a safe point, their ``wait_tensor`` is watched) and DDP's
+  buffer broadcast (``broadcast_buffers=True``).
+- When a collective ends: gloo completes its future when the collective is
+  done, so the future's callback retires it.  NCCL completes the future (and
+  ``Work.wait()``) when the collective is *enqueued*; it is in flight until
+  ``work.is_completed()``, which the watchdog and the optimizer pre-step poll
+  (``JitRuntime.track``).  The Work is kept for DDP's all-reduce, for the
+  wrapped collectives, and for the collectives a user's comm hook issues
+  through them (``dist.all_reduce(..., async_op=True)``, as torch's own hooks
+  do); a hook that reaches the process group some other way returns only a
+  future, and its collective counts as in flight until that future completes.
 - ``sys.excepthook`` is the last resort: a distributed error that escapes
   anywhere else (e.g. DDP's buffer broadcast) still gets a JIT save when the
   parameters are known to be consistent.
@@ -22,11 +34,12 @@ import functools
 import inspect
 import os
 import sys
+import threading
 from typing import Any, Callable
 
 from jitckpt import config
 from jitckpt.jit_event import JitReason
-from jitckpt.worker import ddp_layout, resume, sharding
+from jitckpt.worker import ddp_layout, resume, sharding, skipped_steps
 from jitckpt.worker.runtime import JitRuntime
 from jitckpt.worker.save import in_jit_save
 
@@ -62,9 +75,11 @@ def install(runtime: JitRuntime) -> None:
     register_optimizer_step_pre_hook(lambda opt, args, kwargs: runtime.optimizer_pre_step(opt))
     register_optimizer_step_post_hook(lambda opt, args, kwargs: runtime.optimizer_post_step(opt))
     sharding.install()  # notes optimizers: which ranks hold the same state (FSDP, ZeRO, DDP)
+    skipped_steps.install(runtime)  # a step GradScaler skips (inf/nan gradients) still counts
     _give_each_attempt_its_own_store(runtime)
     _patch_collectives(runtime)
     _patch_ddp(runtime)
+    _patch_functional_collectives_when_imported(runtime)
     ddp_layout.install(lambda: resume.locate(runtime))
     _install_excepthook(runtime)
     if runtime.injector.phases & {"forward", "backward"}:
@@ -160,7 +175,8 @@ def _tracked_collective(runtime: JitRuntime, name: str, original: Callable[..., 
         work = original(*bound.args, **bound.kwargs)
         if work is None:  # this rank is not a member of the group
             return None
-        token = runtime.track(f"torch.distributed.{name}")
+        group = bound.arguments.get("group")
+        token = runtime.track(f"torch.distributed.{name}", _work_to_poll(group, work), gradient=_in_comm_hook())
         if caller_wants_async:
             work.get_future().add_done_callback(lambda fut: _finish(runtime, token, fut, name))
             return work
@@ -175,15 +191,78 @@ def _tracked_collective(runtime: JitRuntime, name: str, original: Callable[..., 
     return wrapper
 
 
-def _finish(runtime: JitRuntime, token: int, fut: Any, what: str) -> Any:
-    """Completion callback of a tracked future: returns its value, or parks on error."""
+def _finish(runtime: JitRuntime, token: int, fut: Any, what: str, on_error: Callable[[], Any] | None = None) -> Any:
+    """Completion callback of a tracked future: returns its value, or parks on error.
+
+    A thread that must not park (``JitRuntime.collective_finished``) comes
+    back from an error: it returns ``on_error()`` (a DDP hook: the bucket as
+    it is, which the optimizer pre-step never lets through, the collective
+    being in flight for good) or re-raises.
+    """
     try:
         value = fut.value()
     except Exception as exc:
         runtime.collective_finished(token, exc, what)
-        raise  # unreachable: collective_finished parks on error
+        if on_error is None:
+            raise
+        return on_error()
     runtime.collective_finished(token, None, what)
     return value
+
+
+# Backends whose collective's future completes when the collective has finished (and
+# carries its error): their future's callback retires the collective.  Every other
+# backend's collectives are in flight until their Work says is_completed().
+_FUTURE_ENDS_COLLECTIVE = frozenset({"gloo"})
+_future_ends_collective: dict[int, tuple[Any, bool]] = {}  # id(group) -> (group, answer); the group is kept alive
+
+
+def _work_to_poll(group: Any, work: Any, tensor: Any = None) -> Any:
+    """The Work whose ``is_completed()`` says when this collective finished, or None if its future does.
+
+    None as well for a collective enqueued while the current CUDA stream is
+    being captured into a graph: querying its event would invalidate the
+    capture, and it runs only when the graph is launched.  A captured graph's
+    collectives are watched by the C interposer's capture tracking (an event
+    recorded after each graph launch), not here.
+    """
+    if work is None:
+        return None
+    from torch.distributed import distributed_c10d
+
+    if group is None:
+        group = distributed_c10d._world.default_pg
+    known = _future_ends_collective.get(id(group))
+    if known is None:
+        try:
+            backend = str(distributed_c10d.get_backend(group))
+        except Exception:
+            backend = ""
+        known = (group, backend in _FUTURE_ENDS_COLLECTIVE)
+        _future_ends_collective[id(group)] = known
+    if known[1]:
+        return None
+    if (tensor is None or getattr(tensor, "is_cuda", False)) and _cuda_stream_capturing():
+        return None
+    return work
+
+
+def _cuda_stream_capturing() -> bool:
+    """True while the current CUDA stream is being captured (False at no cost where CUDA never started)."""
+    cuda = sys.modules.get("torch.cuda")
+    return bool(cuda is not None and cuda.is_initialized() and cuda.is_current_stream_capturing())
+
+
+class _CommHookState(threading.local):
+    depth = 0
+
+
+_comm_hook_state = _CommHookState()
+
+
+def _in_comm_hook() -> bool:
+    """True while a user's DDP comm hook runs on this thread: its collectives are gradient collectives."""
+    return _comm_hook_state.depth > 0
 
 
 def _patch_ddp(runtime: JitRuntime) -> None:
@@ -206,11 +285,11 @@ def _patch_ddp(runtime: JitRuntime) -> None:
         # same so results match plain DDP bit for bit for any world size.
         tensor.mul_(1.0 / group.size())
         what = f"DDP gradient all-reduce (bucket {bucket.index()})"
-        token = runtime.track(what)
         # The process group's own allreduce, as DDP's built-in hook calls it
         # (dist.all_reduce adds ~35 us of Python checks per bucket).
-        fut = group.allreduce([tensor]).get_future()
-        return fut.then(lambda f: _finish(runtime, token, f, what)[0])
+        work = group.allreduce([tensor])
+        token = runtime.track(what, _work_to_poll(group, work, tensor), gradient=True)
+        return work.get_future().then(lambda f: _finish(runtime, token, f, what, lambda: [tensor])[0])
 
     def register_comm_hook(self: DDP, state: object, hook: Callable[..., Any]) -> None:
         if getattr(hook, "_jitckpt_tracked", False):
@@ -220,8 +299,16 @@ def _patch_ddp(runtime: JitRuntime) -> None:
         def tracked(state, bucket):  # type: ignore[no-untyped-def]
             runtime.gradient_collective_entry("ddp-comm-hook")
             what = f"DDP comm hook {getattr(hook, '__qualname__', hook)} (bucket {bucket.index()})"
-            token = runtime.track(what)
-            return hook(state, bucket).then(lambda f: _finish(runtime, token, f, what))
+            # Only the hook's future is seen here: on NCCL it completes at enqueue, and this
+            # entry with it.  The collectives the hook issues through torch.distributed
+            # (async_op=True) are tracked by their Work, as gradient collectives.
+            token = runtime.track(what, gradient=True)
+            _comm_hook_state.depth += 1
+            try:
+                fut = hook(state, bucket)
+            finally:
+                _comm_hook_state.depth -= 1
+            return fut.then(lambda f: _finish(runtime, token, f, what, bucket.buffer))
 
         tracked._jitckpt_tracked = True  # type: ignore[attr-defined]
         self._jitckpt_hooked = True
@@ -252,10 +339,112 @@ def _patch_ddp(runtime: JitRuntime) -> None:
         ddp_layout.note_forward(self)
         return original_forward(self, *inputs, **kwargs)
 
+    original_buffer_broadcast = DDP._distributed_broadcast_coalesced
+
+    def distributed_broadcast_coalesced(self: DDP, tensors: Any, buffer_size: Any, authoritative_rank: int = 0) -> None:
+        """DDP's buffer broadcast (``broadcast_buffers=True``, at the start of every forward): tracked.
+
+        It is ``dist._broadcast_coalesced``, C++ that waits for the broadcast
+        (gloo), or for the copies out of it, which wait for the broadcast on
+        the ncclorder test backend; on a real GPU they are queued behind it and
+        it returns at once, and a hang shows in the next tracked collective.
+        Its start is a safe point (the state is the start of the minibatch);
+        it issues no fault injection and does not mark the phase.
+        """
+        if in_jit_save():
+            raise CollectiveDuringSaveError("DDP's buffer broadcast inside the JIT save function")
+        runtime.park_if_requested()
+        what = "DDP buffer broadcast"
+        token = runtime.track(what)
+        try:
+            original_buffer_broadcast(self, tensors, buffer_size, authoritative_rank)
+        except Exception as exc:
+            runtime.collective_finished(token, exc, what)
+            raise
+        runtime.collective_finished(token, None, what)
+
     DDP.forward = forward
+    DDP._distributed_broadcast_coalesced = distributed_broadcast_coalesced
     DDP.register_comm_hook = register_comm_hook
     DDP._register_builtin_comm_hook = register_builtin_comm_hook
     DDP._jitckpt_patched = True
+
+
+# torch.distributed._functional_collectives: the entry points a script (or DTensor) calls.
+_FUNCTIONAL_COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather_tensor",
+    "all_gather_tensor_autograd",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "all_to_all_single_autograd",
+    "broadcast",
+)
+
+
+def _patch_functional_collectives_when_imported(runtime: JitRuntime) -> None:
+    """Patch ``torch.distributed._functional_collectives`` once it is imported (it costs ~20 ms to import here)."""
+    from jitckpt.worker import importhook
+
+    importhook.install({"torch.distributed._functional_collectives": lambda module: _patch_functional_collectives(runtime, module)})
+
+
+def _patch_functional_collectives(runtime: JitRuntime, funcol: Any) -> None:
+    """The functional collectives: their issue is a safe point, their wait is tracked.
+
+    A functional collective's Work is kept by C++ (the work registry, keyed by
+    the output tensor) and never reaches Python, so what can be watched is
+    the wait: ``wait_tensor``, which ``AsyncCollectiveTensor`` calls at the
+    first use of the result.  On gloo it blocks until the collective is done,
+    so a collective with a frozen peer is in flight there and the hang timeout
+    applies.  On NCCL it only makes the current stream wait: the host blocks
+    later, at a consumer, with nothing tracked; the hang is then seen in the
+    next tracked collective on the same communicator (queued behind it), or by
+    the C interposer's CUDA-event watch.  Left alone while ``torch.compile``
+    traces (the wrappers' side effects do not belong in a graph).
+    """
+    import torch
+
+    if getattr(funcol, "_jitckpt_patched", False):
+        return
+    compiling = torch.compiler.is_compiling
+    for name in _FUNCTIONAL_COLLECTIVES:
+        original = getattr(funcol, name, None)
+        if original is None:
+            continue
+
+        def issue(*args: Any, _original: Callable[..., Any] = original, _name: str = name, **kwargs: Any) -> Any:
+            if compiling():
+                return _original(*args, **kwargs)
+            if in_jit_save():
+                raise CollectiveDuringSaveError(f"functional collective {_name} inside the JIT save function")
+            runtime.collective_entry(f"funcol.{_name}")
+            return _original(*args, **kwargs)
+
+        setattr(funcol, name, functools.wraps(original)(issue))
+
+    original_wait = funcol.wait_tensor
+
+    @functools.wraps(original_wait)
+    def wait_tensor(tensor: Any) -> Any:
+        if compiling():
+            return original_wait(tensor)
+        what = "functional collective (wait_tensor)"
+        token = runtime.track(what)
+        try:
+            result = original_wait(tensor)
+        except Exception as exc:
+            runtime.collective_finished(token, exc, what)
+            raise
+        runtime.collective_finished(token, None, what)
+        return result
+
+    funcol.wait_tensor = wait_tensor
+    funcol._jitckpt_patched = True
 
 
 def _looks_distributed(exc: BaseException) -> bool:

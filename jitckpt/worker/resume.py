@@ -14,11 +14,11 @@ import warnings
 from typing import TYPE_CHECKING
 
 from jitckpt import config, eventlog
-from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, select
+from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, safe_codec, select
 from jitckpt.store.disk import check_private
-from jitckpt.worker import ddp_layout, rng_state, sharding
+from jitckpt.worker import ddp_layout, rng_state, sharding, stash
 from jitckpt.worker.console import log
-from jitckpt.worker.save import rng_file_name
+from jitckpt.worker.step_agreement import agreed_selection, overruled_to_fresh_start
 
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
@@ -41,9 +41,10 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
     allow = os.environ.get(config.ENV_ALLOW_WORLD_SIZE_CHANGE) == "1"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointWarning)
-        info = select(rt.store, rt.coords, allow_world_size_change=allow)
+        # every rank loads the same step: the ranks agree through the job's store (the first look only)
+        info = agreed_selection(rt, lambda step: select(rt.store, rt.coords, allow_world_size_change=allow, step=step))
     lines = [f"warning: {warning.message}" for warning in caught]
-    if info is None and rt.store.list_steps():
+    if info is None and rt.store.list_steps() and not overruled_to_fresh_start(rt):
         lines.append(f"no checkpoint in {rt.checkpoint_root} covers every shard of this job: "
                      f"a fresh start from minibatch 0")
     for line in lines:
@@ -61,7 +62,7 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
     rt.checkpoint_for = None  # the script loads it: settled, never selected again
     rt.step = info.step
     rt.resumed_from = info.step
-    payload = _find_rng_payload(rt, info)
+    payload = find_own_state(rt, info, stash.RNG)
     if payload is not None:
         try:
             rng_state.decode(payload)  # refuse a foreign state now, loudly, before anything is loaded
@@ -82,7 +83,18 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
         rt.defer_rng_restore(payload)
     else:
         rt.stash_rng(rt.step)
-    eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path), rng_restored=payload is not None)
+    loader_state = find_own_state(rt, info, stash.LOADER)
+    if loader_state is not None:
+        try:
+            safe_codec.decode(loader_state)  # data only; refuse a damaged or foreign one before anything is loaded
+        except safe_codec.SafeCodecError as exc:
+            raise CheckpointError(
+                f"{info.path}: the data-loader state stored for rank {rt.rank} is unusable ({exc}); nothing was "
+                f"loaded from it. Check who can write to {rt.checkpoint_root}"
+            ) from None
+        rt.own_state[stash.LOADER] = loader_state  # jitckpt.adapters.torchdata_loader hands it to the loaders
+    eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path),
+                    rng_restored=payload is not None, loader_state=loader_state is not None)
 
 
 def fresh_start(rt: "JitRuntime") -> None:
@@ -92,8 +104,20 @@ def fresh_start(rt: "JitRuntime") -> None:
     eventlog.record("fresh_start", rank=rt.rank, attempt=rt.attempt)
 
 
-def _find_rng_payload(rt: "JitRuntime", info: CheckpointInfo) -> bytes | None:
-    name = rng_file_name(rt.rank)
+def find_own_state(rt: "JitRuntime", info: CheckpointInfo, kind: str) -> bytes | None:
+    """This rank's own state of ``kind`` (``jitckpt.worker.stash``) for the step of ``info``, or None.
+
+    Looked for, in order: this rank's own host stash (it survives a restart on
+    the same host and is the rank's own writing, even where the checkpoint's
+    copy is missing: a replica on another host saved it); this checkpoint;
+    the other rank checkpoints of the same step (a replica on the rank's host
+    copied the stash of every local rank).  Never a replica's own state.
+    """
+    if rt.shm_dir is not None:
+        payload = stash.read_stash(stash.stash_path(rt.shm_dir, kind, rt.rank)).get(info.step)
+        if payload is not None:
+            return payload
+    name = stash.checkpoint_file_name(kind, rt.rank)
     if name in info.meta.get("files", {}):
         return (info.path / name).read_bytes()
     for other in sorted(info.path.parent.iterdir()):

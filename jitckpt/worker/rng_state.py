@@ -8,10 +8,8 @@ rank's RNG, so each rank's copy lives outside its process: in a host
 shared-memory file (``/dev/shm``) that survives the rank's death and that a
 healthy rank on the same host copies into its JIT checkpoint.
 
-The stash keeps two slots (by step parity), so both "start of minibatch i"
-and "start of minibatch i+1" are available: healthy replicas may save either
-(paper §3.3).  Each slot is guarded by a sequence number and a CRC, so a
-reader never takes a half-written state.
+The stash (``jitckpt.worker.stash``) keeps two slots (by step parity), so
+both "start of minibatch i" and "start of minibatch i+1" are available.
 
 The states are stored in a fixed binary format (below), not as pickles: a
 checkpoint directory is read back as untrusted input, and decoding it can only
@@ -29,21 +27,16 @@ from __future__ import annotations
 
 import array
 import ctypes
-import mmap
 import os
 import random
 import struct
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
-from jitckpt.store.disk import make_private_dir
+from jitckpt.worker import stash
 
-_SLOT_SIZE = 1 << 16
 _MT19937_STATE_BYTES = 624 * 4 + 4  # uint32 key[624]; int pos
-# seq (odd while writing), step, payload length, crc32 of payload
-_HEADER = struct.Struct("<QqII")
 
 MAGIC = b"JITRNG1\0"
 _RECORD = struct.Struct("<BI")
@@ -189,49 +182,15 @@ def restore(payload: bytes) -> None:
 
 
 def stash_path(shm_dir: str | os.PathLike, rank: int) -> Path:
-    return Path(shm_dir) / f"rng-rank-{rank:05d}.bin"
+    """This rank's RNG stash file (``jitckpt.worker.stash``)."""
+    return stash.stash_path(shm_dir, stash.RNG, rank)
 
 
-class RngStash:
-    """A rank's two-slot RNG stash in host shared memory (writer side)."""
+class RngStash(stash.StepStash):
+    """A rank's two-slot RNG stash in host shared memory (writer side; ``capture()`` payloads)."""
 
     def __init__(self, shm_dir: str | os.PathLike, rank: int) -> None:
-        make_private_dir(Path(shm_dir), parents=True)
-        self.path = stash_path(shm_dir, rank)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            os.ftruncate(fd, 2 * _SLOT_SIZE)
-            self._map = mmap.mmap(fd, 2 * _SLOT_SIZE)
-        finally:
-            os.close(fd)
-        self._seq = [0, 0]
-
-    def put(self, step: int, payload: bytes) -> None:
-        """Store the encoded state (capture()) at the start of minibatch ``step`` (overwrites step-2)."""
-        if len(payload) > _SLOT_SIZE - _HEADER.size:
-            raise ValueError(f"RNG state of {len(payload)} bytes does not fit the stash slot")
-        slot = step % 2
-        base = slot * _SLOT_SIZE
-        seq = self._seq[slot] + 1  # odd: writing
-        struct.pack_into("<Q", self._map, base, seq)
-        self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
-        _HEADER.pack_into(self._map, base, seq + 1, step, len(payload), zlib.crc32(payload))
-        self._seq[slot] = seq + 1
+        super().__init__(shm_dir, stash.RNG, rank)
 
 
-def read_stash(path: str | os.PathLike) -> dict[int, bytes]:
-    """Return {step: encoded state} for every intact slot of a stash file (reader side)."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return {}
-    found = {}
-    for slot in range(2):
-        base = slot * _SLOT_SIZE
-        if len(data) < base + _HEADER.size:
-            continue
-        seq, step, length, crc = _HEADER.unpack_from(data, base)
-        payload = data[base + _HEADER.size : base + _HEADER.size + length]
-        if seq and seq % 2 == 0 and len(payload) == length and zlib.crc32(payload) == crc:
-            found[step] = payload
-    return found
+read_stash = stash.read_stash

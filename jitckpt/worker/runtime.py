@@ -31,7 +31,7 @@ from typing import Any, Callable
 from jitckpt import config, eventlog, faults
 from jitckpt.jit_event import JitReason
 from jitckpt.store import CheckpointInfo, DiskStore, ParallelCoordinates
-from jitckpt.worker import module_buffers, rng_state, save, shutdown
+from jitckpt.worker import minibatch, module_buffers, rng_state, save, sharding, shutdown, stash
 from jitckpt.worker.console import log, short_error
 
 SaveFunction = Callable[[str], Any]
@@ -62,13 +62,19 @@ class JitRuntime:
         shm_dir = os.environ.get(config.ENV_SHM_DIR)
         self.shm_dir = Path(shm_dir) if shm_dir else None
         self.stash = rng_state.RngStash(self.shm_dir, self.rank) if self.shm_dir else None
+        self._rank_stashes: dict[str, stash.StepStash] = {}
+        # After a resume: this rank's own stashed state of other kinds (stash.LOADER) for the resumed step.
+        self.own_state: dict[str, bytes] = {}
 
         self.save_fn: SaveFunction | None = None
         self.buffer_snapshots = module_buffers.BufferSnapshots()
         self.step = 0  # optimizer steps completed == index of the minibatch in progress
         self.phase = "forward"
         self.resumed_from: int | None = None
-        self._primary_optimizer: int | None = None
+        # Which optimizers make up a minibatch, and whether its optimizer phase has applied anything.
+        self.optimizer_phase = minibatch.OptimizerPhase(sharding.optimizers)
+        self._blocked_at: tuple[tuple[int, object, int], float] | None = None  # main_thread_in_collective
+        self._forward_park_hook: Any = None
         self._next_rng_stashed: int | None = None  # step+1 once its RNG state is stashed at a gradient collective
         # After a resume: this rank's RNG state for the redone minibatch, put back when that minibatch starts.
         self.pending_rng: bytes | None = None
@@ -85,6 +91,10 @@ class JitRuntime:
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[float, str]] = {}
         self._tokens = itertools.count()
+        # In-flight collectives whose end is read from their Work (NCCL-like backends), not their future.
+        self._polled: dict[int, Any] = {}
+        self._gradient: set[int] = set()  # in flight and a gradient collective (the optimizer pre-step waits)
+        self._optimizer_entered_for: int | None = None  # the step whose pre-step wait the training thread passed
         self.park_requested = threading.Event()
         self.main_parked = threading.Event()
         self._jit_started = False
@@ -129,26 +139,56 @@ class JitRuntime:
     # ----- minibatch phase (continued) ---------------------------------------------------
 
     def optimizer_pre_step(self, optimizer: object) -> None:
-        """Called before every optimizer.step(): a safe point, then the optimizer phase."""
+        """Called before every optimizer.step(); the minibatch's first one is a safe point.
+
+        One minibatch spans every optimizer that steps in it
+        (``jitckpt.worker.minibatch``): its optimizer phase lasts from the first
+        pre-step to the last post-step, and no state inside it that has
+        applied part of the update is ever saved.
+        """
+        self.wait_for_gradient_collectives()
         if self.pending_rng is not None:
             self.minibatch_starts()
-        if self._is_primary(optimizer):
+        phase = self.optimizer_phase
+        if phase.close_previous(optimizer):
+            self._minibatch_done()  # the set was being learned: the previous minibatch ended at its last post-step
+        top_level = not phase.inside
+        opening = not phase.in_phase
+        if opening:
+            # The last point before this minibatch's update begins: the state is its start.
             self.park_if_requested()
             self.training_started = True
-            self.phase = "optimizer"
-            # Stash the RNG state minibatch step+1 starts with now, before the step:
-            # if this rank dies inside it, the replicas save step+1 (the optimizer
-            # and scheduler draw no random numbers, so this is that state).
+        phase.enter(optimizer)
+        self.phase = "optimizer"
+        if top_level:
+            # Stash the RNG state minibatch step+1 starts with now, before this step:
+            # if this rank dies inside it, the replicas save step+1 (optimizers
+            # and schedulers draw no random numbers, so this is that state).  Every
+            # optimizer of the minibatch stashes again: a GAN's generator draws its
+            # noise after the discriminator's step.
             self.stash_rng(self.step + 1)
+            self._next_rng_stashed = None  # the next backward's gradient collective stashes again
+        if opening:
             self.injector.maybe_fire("optimizer", self.step)
 
     def optimizer_post_step(self, optimizer: object) -> None:
-        """Called after every optimizer.step(): the minibatch is complete."""
-        if not self._is_primary(optimizer):
-            return
+        """Called after every optimizer.step(): the minibatch is complete after its last optimizer's."""
+        if self.optimizer_phase.post_step(optimizer):
+            self._minibatch_done()
+
+    def optimizer_step_skipped(self, optimizer: object) -> None:
+        """``GradScaler.step`` skipped ``optimizer.step()`` (inf/nan gradients): a step that changed nothing.
+
+        No optimizer hook fired; counting it keeps the minibatch count (which
+        keys the RNG stash and labels the save) equal to the script's.
+        """
+        self.optimizer_pre_step(optimizer)
+        self.optimizer_post_step(optimizer)
+
+    def _minibatch_done(self) -> None:
         self.step += 1
         self.phase = "forward"
-        # (the pre-step hook already stashed the RNG state this minibatch starts with)
+        # (the pre-step hooks already stashed the RNG state this minibatch starts with)
         now = time.monotonic()
         if not self._first_step_after_start:
             self._step_seconds_total += now - self._step_started
@@ -158,16 +198,22 @@ class JitRuntime:
             eventlog.record("first_step_done", rank=self.rank, attempt=self.attempt, step=self.step, resumed_from=self.resumed_from)
         self._step_started = now
 
-    def _is_primary(self, optimizer: object) -> bool:
-        # With several optimizers (GANs, ...) the first one that steps counts minibatches.
-        if self._primary_optimizer is None:
-            self._primary_optimizer = id(optimizer)
-        return self._primary_optimizer == id(optimizer)
+    def state_consistent(self) -> bool:
+        """False while the optimizer phase has applied part of this minibatch's update (such a state is never saved)."""
+        return not self.optimizer_phase.changed()
 
     def stash_rng(self, step: int) -> None:
         """Record the RNG state minibatch ``step`` starts with in this host's shared-memory stash."""
         if self.stash is not None:
             self.stash.put(step, rng_state.capture())
+
+    def stash_rank_state(self, kind: str, step: int, payload: bytes) -> None:
+        """Record this rank's own state of ``kind`` (``jitckpt.worker.stash``) that minibatch ``step`` starts with."""
+        if self.shm_dir is None:
+            return
+        if kind not in self._rank_stashes:
+            self._rank_stashes[kind] = stash.StepStash(self.shm_dir, kind, self.rank)
+        self._rank_stashes[kind].put(step, payload)
 
     def mean_minibatch_seconds(self) -> float | None:
         return self._step_seconds_total / self._steps_timed if self._steps_timed else None
@@ -181,12 +227,15 @@ class JitRuntime:
         accumulation too: DDP all-reduces during the last micro-batch's
         backward), so the RNG state minibatch step+1 starts with is final
         unless the script draws random numbers between backward() and
-        optimizer.step().  Stash it now, once per minibatch: a rank that dies
+        optimizer.step().  Stash it now, once per backward: a rank that dies
         before its optimizer pre-step hook (in gradient clipping, logging, a
         GradScaler) is resumed by its replicas at step+1 with this state.
+        Every optimizer pre-step re-arms this, so a GAN's generator backward
+        (after the discriminator's step) and a closure's backward (inside
+        ``optimizer.step(closure)``) stash again, after their forward passes.
         """
         self.collective_entry(what)
-        if self.phase != "optimizer" and self._next_rng_stashed != self.step + 1:
+        if self._next_rng_stashed != self.step + 1:
             self._next_rng_stashed = self.step + 1
             self.stash_rng(self.step + 1)
 
@@ -194,40 +243,152 @@ class JitRuntime:
         """A collective is about to be issued by the training thread: a safe point."""
         if self.pending_rng is not None:
             self.minibatch_starts()
+        self.optimizer_phase.collective_issued()
         self.park_if_requested()
         self.training_started = True
         if self.phase != "optimizer":
             self.phase = "allreduce"
         self.injector.maybe_fire("allreduce", self.step)
 
-    def track(self, what: str) -> int:
+    def track(self, what: str, work: Any = None, gradient: bool = False) -> int:
+        """Count a collective as in flight from now on; returns its token.
+
+        ``work``: its ``torch.distributed`` Work when the collective's end must
+        be read from ``work.is_completed()`` (NCCL and NCCL-like backends, whose
+        future completes when the collective is *enqueued*); the watchdog polls
+        it, the optimizer pre-step too.  None: the collective's completion path
+        (its future's callback on gloo, a blocking wait returning) calls
+        ``collective_finished``.  ``gradient``: a gradient collective of the
+        current minibatch, which the optimizer pre-step waits for.
+        """
         token = next(self._tokens)
         with self._lock:
             self._in_flight[token] = (time.monotonic(), what)
+            if work is not None:
+                self._polled[token] = work
+            if gradient:
+                self._gradient.add(token)
         return token
 
     def untrack(self, token: int) -> None:
         with self._lock:
             self._in_flight.pop(token, None)
+            self._polled.pop(token, None)
+            self._gradient.discard(token)
+
+    def _failed(self, token: int) -> None:
+        """A tracked collective failed: it stays in flight for good (nothing behind it may run), unpolled."""
+        with self._lock:
+            self._polled.pop(token, None)
+
+    def _retire_if_complete(self, token: int) -> bool:
+        """Untrack ``token`` if its collective finished; True if it did.
+
+        A collective with a Work to poll finished when ``work.is_completed()``
+        says so (NCCL: its end event, queried without blocking); one without,
+        when its completion path got here.  A Work that completed with an
+        exception raises a JIT event and stays in flight.
+        """
+        with self._lock:
+            work = self._polled.get(token)
+            what = self._in_flight.get(token, (0.0, "a collective"))[1]
+        if work is not None:
+            done, error = work_state(work)
+            if not done:
+                return False
+            if error is not None:
+                self._failed(token)
+                self.trigger(JitReason.PEER_ERROR, f"{what} failed: {short_error(error)}")
+                return False
+        self.untrack(token)
+        return True
+
+    def poll_collectives(self) -> None:
+        """Watchdog thread: retire the polled collectives that completed (a failed one is a JIT event)."""
+        with self._lock:
+            tokens = list(self._polled)
+        for token in tokens:
+            self._retire_if_complete(token)
+
+    def wait_for_gradient_collectives(self) -> None:
+        """Block until the gradient collectives of this minibatch have completed (first thing in every optimizer pre-step).
+
+        On NCCL the host gets here while DDP's all-reduce may still run on the
+        device: without this wait it would move step counters, learning rate
+        and RNG ahead of the device state.  On gloo the all-reduce's future
+        callback has already retired them (one set look-up, nothing else).
+        The wait polls completion, so the hang timeout still applies, and the
+        thread parks here if a JIT save is waiting: the state is the start of
+        this minibatch.  Once past it, the training thread is marked as having
+        entered the optimizer pre-step of this minibatch (``_safe_to_save``).
+        """
+        if self._gradient:
+            delay = 0.0002
+            while True:
+                with self._lock:
+                    polled = [token for token in self._gradient if token in self._polled]
+                for token in polled:
+                    self._retire_if_complete(token)
+                with self._lock:
+                    if not self._gradient:
+                        break
+                self.park_if_requested()
+                time.sleep(delay)
+                delay = min(2 * delay, 0.01)
+        self._optimizer_entered_for = self.step
 
     def oldest_in_flight(self) -> tuple[float, str] | None:
         with self._lock:
             return min(self._in_flight.values(), default=None)
 
     def collective_finished(self, token: int, error: BaseException | None, what: str) -> None:
-        """A tracked collective completed.  On error, raise a JIT event and never return."""
+        """A tracked collective's completion path ran: its future completed, or its wait returned.
+
+        On error: raise a JIT event; the collective stays in flight and the
+        thread parks for good.  Otherwise park if a JIT save is waiting, then
+        retire the collective if it has finished (with a polled Work, NCCL,
+        that is usually later: the watchdog or the optimizer pre-step
+        retires it).
+
+        Only two kinds of thread park here.  The training thread.  And a
+        callback thread of a collective whose future is its end (gloo's worker
+        thread): it parks before untracking, so the collective stays in flight
+        and the training thread, waiting for that future in backward, is held
+        at the start of the minibatch.  Any other thread (an autograd device
+        thread running an NCCL collective's callback inline) returns: the
+        collective is in flight until its Work completes whatever that thread
+        does, and a parked thread there would hold the training thread in
+        backward while the collective completes, where it is no safe point.
+        On error such a thread returns too (the caller decides what to return).
+        """
+        with self._lock:
+            polled = token in self._polled
+        may_park = not polled or threading.current_thread() is self.main_thread
         if error is not None:
+            self._failed(token)
             self.trigger(JitReason.PEER_ERROR, f"{what} failed: {short_error(error)}")
-            self.park_forever()
-        # Park before untracking: the collective then still counts as in flight,
-        # which tells the save thread that this step cannot reach the optimizer.
-        self.park_if_requested()
-        self.untrack(token)
+            if may_park:
+                self.park_forever()
+            return
+        if may_park:
+            # Park before retiring: the collective then still counts as in flight,
+            # which tells the save thread that this step cannot reach the optimizer.
+            self.park_if_requested()
+        self._retire_if_complete(token)
 
     # ----- parking --------------------------------------------------------------------
 
     def park_if_requested(self) -> None:
-        if self.park_requested.is_set():
+        """Park here if a JIT save is waiting, unless the state here is half applied.
+
+        Inside an optimizer phase that has applied part of the update (ZeRO's
+        parameter broadcast after its local step, a generator's backward after
+        the discriminator's step) training goes on instead, to the next safe
+        point after the minibatch's last optimizer step, whose state is the
+        start of the next minibatch.  If a dead peer stops it on the way, the
+        save is refused (``_refusal``).
+        """
+        if self.park_requested.is_set() and self.state_consistent():
             self.park_forever()
 
     def park_forever(self) -> None:
@@ -237,32 +398,108 @@ class JitRuntime:
         threading.Event().wait()
 
     def main_thread_in_collective(self) -> bool:
-        """True if the training thread is, right now, inside a torch.distributed / DDP function.
+        """True if the training thread is blocked in a collective that jitckpt does not track.
 
-        Only the innermost Python frame counts: a thread blocked in a collective's
-        C++ wait has a torch.distributed function on top, while a thread running
-        the model's forward under DDP has the model's code on top.
+        Such a collective (DDP's buffer broadcast ``_broadcast_coalesced`` at the
+        start of a forward, send/recv, coalesced collectives) has no completion
+        path that parks, so the old rule "the innermost Python frame is in
+        torch/distributed or DDP" called states safe that were not:
+
+        - a thread merely passing through such a frame (DDP's ``_pre_forward``,
+          DTensor's dispatch inside an optimizer step, ZeRO's own file) is
+          running, and goes on to update BatchNorm statistics, or parameters;
+        - a blocked collective whose peers are alive (a preemption's SIGTERM)
+          completes, and the thread runs the forward (BatchNorm) while the
+          save is writing.
+
+        Now the innermost frame must be a call site that blocks in a collective
+        (``_BLOCKING_CALL_SITES``), seen at the same instruction for
+        ``_BLOCKED_FOR`` seconds, with no optimizer step or GradScaler step on
+        the stack; and before it answers True, a global module forward
+        pre-hook is armed that parks the thread at the next forward (its
+        state there is still the start of the minibatch), so a collective that
+        does complete leads to a park, not into the model.
         """
         frame = sys._current_frames().get(self.main_thread.ident)
-        if frame is None:
+        if frame is None or not _at_blocking_call_site(frame) or _inside_optimizer_step(frame):
+            self._blocked_at = None
             return False
-        filename = frame.f_code.co_filename.replace("\\", "/")
-        return "/torch/distributed/" in filename or filename.endswith("/torch/nn/parallel/distributed.py")
+        key = (id(frame), frame.f_code, frame.f_lasti)
+        now = time.monotonic()
+        if self._blocked_at is None or self._blocked_at[0] != key:
+            self._blocked_at = (key, now)
+            return False
+        if now - self._blocked_at[1] < _BLOCKED_FOR:
+            return False
+        self._park_at_next_forward()
+        frame = sys._current_frames().get(self.main_thread.ident)  # still there, now that the hook is armed?
+        return frame is not None and (id(frame), frame.f_code, frame.f_lasti) == key
+
+    def _park_at_next_forward(self) -> None:
+        if self._forward_park_hook is None:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._forward_park_hook = register_module_forward_pre_hook(lambda module, args: self.park_if_requested())
+
+    def _gradient_collective_in_flight(self) -> bool:
+        """True while a gradient collective whose future is its end (gloo) is in flight.
+
+        The thread in that backward cannot leave it: backward waits for the
+        future, and its completion callback parks (or, on error, never
+        completes it).  A polled one (NCCL) holds nothing: its future
+        completed when it was enqueued, and the host runs on.
+        """
+        with self._lock:
+            return any(token not in self._polled for token in self._gradient)
 
     def _safe_to_save(self, reason: JitReason) -> bool:
-        if self.main_parked.is_set():
-            return True
         if reason.from_device:
             # The C watchdog saw a CUDA event after an NCCL kernel never complete:
             # the device work that would update parameters is queued behind it
             # (cudaStreamWaitEvent), whatever the host thread is doing.
             return True
-        if self.phase == "optimizer":
+        if not self.state_consistent():
+            return False  # part of this minibatch's update is applied: never saved (see _refusal)
+        if self.main_parked.is_set():
+            return True
+        if self.optimizer_phase.in_phase:
+            # Inside an optimizer step that has changed nothing yet (a closure's forward
+            # and backward): only a thread held in backward cannot change a parameter next.
+            return self._gradient_collective_in_flight()
+        if self._optimizer_entered_for == self.step:
+            # Past the pre-step's wait for this minibatch's gradients, on its way into the
+            # optimizer phase: it parks there (a save is requested), but has not yet.
             return False
-        # A collective in flight holds the training thread before the optimizer
-        # step (its completion path parks); a thread stuck in torch.distributed
-        # code outside the optimizer step is equally unable to modify state.
+        # The training thread has not passed this minibatch's optimizer pre-step, and
+        # it cannot pass it without parking (park_requested is set) or while a gradient
+        # collective is incomplete (wait_for_gradient_collectives).  So a collective in
+        # flight (until its Work completes: on NCCL the host runs ahead of it and blocks
+        # at whatever consumes its data, in any frame) means the state is the start of
+        # this minibatch wherever the thread is blocked; a thread stuck in an untracked
+        # blocking collective outside the optimizer step is equally unable to modify state.
         return self.oldest_in_flight() is not None or self.main_thread_in_collective()
+
+    def _refusal(self) -> str | None:
+        """Why no consistent state can be reached any more, or None while one still may be.
+
+        The state is half applied and the training thread will not move on to
+        the end of the minibatch: it is parked (at an error, or at exit after
+        an uncaught one), or a collective has been in flight past the hang
+        timeout.  Waiting would only use up the grace period.
+        """
+        if self.state_consistent():
+            return None
+        in_flight = self.oldest_in_flight()
+        if self.main_parked.is_set() or (in_flight is not None and time.monotonic() - in_flight[0] > self.hang_timeout):
+            return self.optimizer_phase.describe()
+        return None
+
+    def _refuse(self, why: str) -> None:
+        """Exit without a save: the job falls back to an older checkpoint (or starts afresh)."""
+        log(f"refusing to save minibatch {self.step}: {why}; exiting without a save (the job falls back "
+            f"to an older checkpoint)")
+        eventlog.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error=f"half-applied step refused: {why}")
+        os._exit(config.JIT_SAVE_FAILED_EXIT_CODE)
 
     # ----- the JIT event ---------------------------------------------------------------
 
@@ -275,6 +512,8 @@ class JitRuntime:
         """Raise a JIT event and save on the calling thread (which must be at a safe point); never returns."""
         if not self._begin_jit(reason, detail):
             self.park_forever()
+        if not self.state_consistent():
+            self._refuse(self.optimizer_phase.describe())
         os._exit(save.save_checkpoint(self, reason, detail))
 
     def _begin_jit(self, reason: JitReason, detail: str) -> bool:
@@ -302,6 +541,9 @@ class JitRuntime:
         # Half the grace period at most: the save itself must still fit before torchrun's SIGKILL.
         deadline = time.monotonic() + self.save_grace / 2
         while not self._safe_to_save(reason):
+            refusal = self._refusal()
+            if refusal is not None:
+                self._refuse(refusal)
             if time.monotonic() > deadline:
                 log(f"no safe point reached within {self.save_grace / 2:.0f}s (phase {self.phase}); exiting without a save")
                 eventlog.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error="no safe point reached")
@@ -324,3 +566,53 @@ class JitRuntime:
             mean_minibatch_seconds=self.mean_minibatch_seconds(),
             script_succeeded=shutdown.script_succeeded(),
         )
+
+
+def work_state(work: Any) -> tuple[bool, BaseException | None]:
+    """(completed, error) of a ``torch.distributed`` Work, without blocking.
+
+    On NCCL ``is_completed()`` queries the end event of the collective (and
+    the communicator's asynchronous error); ``exception()`` is set once
+    ProcessGroupNCCL's watchdog has seen the communicator fail (torch marks the
+    accessor deprecated but it is the per-work one it has).
+    """
+    try:
+        if not work.is_completed():
+            return False, None
+        error = work.exception()
+    except Exception as exc:  # a failed work may raise from its accessors
+        return True, exc
+    if error is None or isinstance(error, BaseException):
+        return True, error
+    return True, RuntimeError(str(error))
+
+
+# main_thread_in_collective: (path suffix, function names or None for any) of the Python frames a
+# thread blocked in an untracked collective has on top.
+_BLOCKING_CALL_SITES: tuple[tuple[str, frozenset[str] | None], ...] = (
+    ("/torch/distributed/distributed_c10d.py", None),  # the Python API waits on its work there
+    ("/torch/nn/parallel/distributed.py", frozenset({"_distributed_broadcast_coalesced"})),  # DDP's buffer sync
+    ("/torch/distributed/utils.py", frozenset({"_sync_params_and_buffers"})),  # DDP's construction
+    ("/torch/distributed/_functional_collectives.py", frozenset({"wait_tensor"})),
+)
+_BLOCKED_FOR = 0.05  # seconds at one instruction: blocked in the call, not passing through
+
+
+def _at_blocking_call_site(frame: Any) -> bool:
+    filename = frame.f_code.co_filename.replace("\\", "/")
+    for suffix, functions in _BLOCKING_CALL_SITES:
+        if filename.endswith(suffix):
+            return functions is None or frame.f_code.co_name in functions
+    return False
+
+
+def _inside_optimizer_step(frame: Any) -> bool:
+    """True if an optimizer's step (torch.optim's hooked wrapper) or a GradScaler step is on the stack."""
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        name = frame.f_code.co_name
+        if (filename.endswith("/torch/optim/optimizer.py") and name == "wrapper") or (
+                filename.endswith("/torch/amp/grad_scaler.py") and name == "step"):
+            return True
+        frame = frame.f_back
+    return False

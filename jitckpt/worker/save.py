@@ -4,8 +4,8 @@ Runs on the runtime's save thread (or, for an uncaught distributed error, on
 the training thread itself) once the training thread is parked or provably
 stuck before the optimizer step.  It needs no collective: the user's
 ``save(path)`` writes this rank's state into a pending per-rank checkpoint;
-jitckpt adds every local rank's RNG state for the saved minibatch (dead ranks
-included, from the host's shared-memory stash) and DDP's bucket layout, and
+jitckpt adds every local rank's own state for the saved minibatch (RNG, data
+loaders; dead ranks included, from the host's shared-memory stash) and DDP's bucket layout, and
 commits with metadata last, which records the rank's shard identity
 (``jitckpt.worker.sharding``: which ranks hold the same state).
 """
@@ -21,14 +21,11 @@ from typing import TYPE_CHECKING
 from jitckpt import config, eventlog
 from jitckpt.jit_event import JitReason
 from jitckpt.native import interposer
-from jitckpt.worker import ddp_layout, rng_state, sharding
+from jitckpt.worker import ddp_layout, sharding, stash
 from jitckpt.worker.console import log
 
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
-
-RNG_DIR = "jitckpt-rng"
-
 
 class _SaveFlag(threading.local):
     active = False
@@ -69,7 +66,7 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         finally:
             _saving.active = False
         rt.injector.maybe_fire("save", step)
-        rng_files = _copy_rng_stashes(rt, pending.path, step)
+        copied = _copy_stashes(rt, pending.path, step)
         ddp_layout.write(pending.path)
         final = pending.commit(
             {
@@ -78,7 +75,8 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
                 "phase_at_detection": phase,
                 "saved_state": f"start of minibatch {step}",
                 "attempt": rt.attempt,
-                "rng_ranks": rng_files,
+                "rng_ranks": copied[stash.RNG],
+                "loader_ranks": copied[stash.LOADER],
                 "module_buffers_rewound": buffers_rewound,
             }
         )
@@ -95,22 +93,22 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
     return config.JIT_SAVED_EXIT_CODE
 
 
-def rng_file_name(rank: int) -> str:
-    """Where rank ``rank``'s RNG state sits inside a rank checkpoint."""
-    return f"{RNG_DIR}/rank-{rank:05d}.bin"
+def _copy_stashes(rt: "JitRuntime", directory: Path, step: int) -> dict[str, list[int]]:
+    """Copy every local rank's stashed state for ``step`` (dead ranks included) into the checkpoint.
 
-
-def _copy_rng_stashes(rt: "JitRuntime", directory: Path, step: int) -> list[int]:
-    """Copy every local rank's RNG state for ``step`` (dead ranks included) into the checkpoint."""
+    Returns {kind: ranks copied}: the RNG states, and the data loaders'
+    positions and seeds (``jitckpt.adapters.torchdata_loader``).
+    """
+    copied: dict[str, list[int]] = {kind: [] for kind in stash.KINDS}
     if rt.shm_dir is None or not rt.shm_dir.is_dir():
-        return []
-    (directory / RNG_DIR).mkdir(exist_ok=True)
-    ranks = []
-    for stash in sorted(rt.shm_dir.glob("rng-rank-*.bin")):
-        payload = rng_state.read_stash(stash).get(step)
-        if payload is None:
-            continue
-        rank = int(stash.stem.rsplit("-", 1)[1])
-        (directory / rng_file_name(rank)).write_bytes(payload)
-        ranks.append(rank)
-    return ranks
+        return copied
+    for kind in stash.KINDS:
+        for rank, path in stash.stashed_ranks(rt.shm_dir, kind).items():
+            payload = stash.read_stash(path).get(step)
+            if payload is None:
+                continue
+            target = directory / stash.checkpoint_file_name(kind, rank)
+            target.parent.mkdir(exist_ok=True)
+            target.write_bytes(payload)
+            copied[kind].append(rank)
+    return copied

@@ -2,7 +2,12 @@
 
 It polls the runtime's in-flight collectives (torch.distributed work handles,
 gloo or NCCL alike) and raises a JIT event when one has been in flight longer
-than the hang timeout.  It also turns SIGTERM into a JIT event: torchrun's
+than the hang timeout.  A collective counts as in flight until its Work
+reports completion: on NCCL ``work.is_completed()`` (an event query, never
+blocking) is polled here, because the Work's future completed when the
+collective was enqueued.  A Work that completed with an exception, and a
+process group's asynchronous communicator error (``communicator_errors``),
+are JIT events at once.  It also turns SIGTERM into a JIT event: torchrun's
 agent sends SIGTERM to every healthy worker as soon as one worker exits, and
 the worker must save before it goes.  The signal reaches this thread through
 ``signal.set_wakeup_fd`` even while the training thread is blocked inside C++
@@ -18,10 +23,13 @@ import os
 import select
 import signal
 import socket
+import sys
 import threading
 import time
+from typing import Any, Iterator
 
 from jitckpt.jit_event import JitReason
+from jitckpt.worker.console import short_error
 from jitckpt.worker.runtime import JitRuntime
 
 
@@ -33,6 +41,66 @@ def _forget_in_child() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     except ValueError:  # forked from a non-main thread: handlers are not ours to change
         pass
+
+
+def communicator_errors() -> Iterator[tuple[JitReason, str]]:
+    """The asynchronous errors the job's process groups report now, as (reason, detail).
+
+    Where each backend keeps one (looked up with ``getattr``, once per poll):
+
+    - a process group or backend with ``async_error()`` returning an exception
+      or None: Python process groups such as ``tests/nccl_order``'s, which
+      mirrors ``ncclCommGetAsyncError``: reason ``nccl-error``;
+    - a backend with ``get_error()`` returning ``torch.distributed``'s
+      ``ErrorType``: torch 2.13's ``ProcessGroupNCCL`` (``pg._get_backend(cuda)``);
+      its own watchdog sets it from ``ncclCommGetAsyncError`` (``COMM_ERROR``:
+      reason ``nccl-error``), from its collective timeout (``TIMEOUT``: ``hang``)
+      and from another rank's error signal in the store (``REMOTE_ERROR``:
+      ``peer-error``).  The failing collective's Work also completes with
+      ``exception()`` set, which ``JitRuntime.poll_collectives`` reads;
+    - gloo has neither: its errors arrive on the collective's future.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    from torch.distributed import distributed_c10d
+
+    try:
+        groups = list(distributed_c10d._world.pg_map)
+    except RuntimeError:  # changed while copied (a group being created): the next poll looks again
+        return
+    for group in groups:
+        for name, source in _error_sources(group):
+            try:
+                if hasattr(source, "async_error"):
+                    error = source.async_error()
+                    if error is not None:
+                        yield JitReason.NCCL_ERROR, f"{name} communicator error: {short_error(error)}"
+                elif hasattr(source, "get_error"):
+                    kind = getattr(source.get_error(), "name", "SUCCESS")
+                    if kind == "TIMEOUT":
+                        yield JitReason.HANG, f"{name} reports a collective timeout"
+                    elif kind == "REMOTE_ERROR":
+                        yield JitReason.PEER_ERROR, f"{name} reports an error on another rank"
+                    elif kind != "SUCCESS":
+                        yield JitReason.NCCL_ERROR, f"{name} reports a communicator error ({kind})"
+            except Exception:  # a group being destroyed, a backend without the accessor after all
+                continue
+
+
+def _error_sources(group: Any) -> list[tuple[str, Any]]:
+    """The process group itself and its per-device backends, each with a name for the log."""
+    sources = [(type(group).__name__, group)]
+    try:
+        devices = group._device_types
+    except Exception:
+        devices = []
+    for device in devices:
+        try:
+            sources.append((f"{type(group).__name__}[{device}]", group._get_backend(device)))
+        except Exception:
+            continue
+    return [(name, source) for name, source in sources if hasattr(source, "async_error") or hasattr(source, "get_error")]
 
 
 class CollectiveWatchdog:
@@ -93,6 +161,16 @@ class CollectiveWatchdog:
                     if runtime.save_fn is None:
                         os._exit(128 + signal.SIGTERM)  # nothing to save: die as SIGTERM would
                     runtime.trigger(JitReason.SIGTERM, "torchrun is stopping the workers (a peer failed or the job was cancelled)")
+            # NCCL-like backends: a collective is in flight until its Work completes.
+            # Works enqueued during CUDA graph capture are never polled (instrument
+            # leaves them out: querying a capturing stream's event would invalidate
+            # the capture); a captured graph's collectives are watched by the C
+            # interposer's capture tracking, through an event after each graph launch.
+            runtime.poll_collectives()
+            if runtime.save_fn is not None:
+                for reason, detail in communicator_errors():
+                    runtime.trigger(reason, detail)
+                    break
             oldest = runtime.oldest_in_flight()
             if oldest is not None:
                 started, what = oldest

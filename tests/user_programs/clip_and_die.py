@@ -23,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from mlp_job import add_job_args, batch, build, parameters_sha256  # noqa: E402
+from mlp_job import add_job_args, batch, build, init_process_group, parameters_sha256  # noqa: E402
 from train_mlp import use_jitckpt  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def main() -> None:
                    help="create a shuffled DataLoader iterator (it draws a seed from the global generator) "
                         "between jit_get_checkpoint_path() and the first minibatch, as most real scripts do")
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    init_process_group(args)
     rank = dist.get_rank()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     die_rank, die_step, how = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")

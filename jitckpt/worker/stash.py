@@ -1,0 +1,111 @@
+"""Per-rank state in host shared memory that outlives the rank: the two-slot step stash.
+
+A rank's own state for a minibatch (its RNG, its data loaders' positions and
+seeds) is not its replicas' state, and a rank that dies cannot save it.  So
+each rank writes it, every minibatch, into a file of its own under the job's
+``/dev/shm`` directory; a healthy rank on the same host copies every local
+rank's entry for the saved minibatch into its JIT checkpoint
+(``jitckpt.worker.save``), and a restarted rank reads its own entry back
+(``jitckpt.worker.resume``).
+
+One file per (kind, rank), ``<kind>-rank-NNNNN.bin``, holds two slots chosen
+by step parity, so both "start of minibatch i" and "start of minibatch i+1"
+are there: healthy replicas may save either (paper §3.3).  Each slot is
+guarded by a sequence number (odd while writing) and a CRC, so a reader never
+takes a half-written entry.  The payloads are bytes in formats that decode to
+data only (``rng_state``'s binary format, ``jitckpt.store.safe_codec``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from pathlib import Path
+
+from jitckpt.store.disk import make_private_dir
+
+# seq (odd while writing), step, payload length, crc32 of payload
+_HEADER = struct.Struct("<QqII")
+
+RNG = "rng"
+LOADER = "loader"
+# kind -> (slot size, the folder of a rank checkpoint its entries are copied to, file suffix)
+KINDS = {
+    RNG: (1 << 16, "jitckpt-rng", ".bin"),
+    LOADER: (1 << 22, "jitckpt-loader", ".bin"),
+}
+
+
+def stash_path(shm_dir: str | os.PathLike, kind: str, rank: int) -> Path:
+    """The stash file of ``kind`` for ``rank`` in the job's shared-memory directory."""
+    return Path(shm_dir) / f"{kind}-rank-{rank:05d}.bin"
+
+
+def checkpoint_file_name(kind: str, rank: int) -> str:
+    """Where rank ``rank``'s entry of ``kind`` sits inside a rank checkpoint."""
+    _, folder, suffix = KINDS[kind]
+    return f"{folder}/rank-{rank:05d}{suffix}"
+
+
+class StashFull(ValueError):
+    """A payload larger than the stash slot."""
+
+
+class StepStash:
+    """A rank's two-slot stash of one kind (writer side)."""
+
+    def __init__(self, shm_dir: str | os.PathLike, kind: str, rank: int) -> None:
+        self.slot_size = KINDS[kind][0]
+        make_private_dir(Path(shm_dir), parents=True)
+        self.path = stash_path(shm_dir, kind, rank)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, 2 * self.slot_size)
+            self._map = mmap.mmap(fd, 2 * self.slot_size)
+        finally:
+            os.close(fd)
+        self._seq = [0, 0]
+
+    def put(self, step: int, payload: bytes) -> None:
+        """Store the state minibatch ``step`` starts with (overwrites the entry of step-2)."""
+        if len(payload) > self.slot_size - _HEADER.size:
+            raise StashFull(f"{len(payload)} bytes do not fit the {self.slot_size}-byte stash slot of {self.path.name}")
+        slot = step % 2
+        base = slot * self.slot_size
+        seq = self._seq[slot] + 1  # odd: writing
+        struct.pack_into("<Q", self._map, base, seq)
+        self._map[base + _HEADER.size : base + _HEADER.size + len(payload)] = payload
+        _HEADER.pack_into(self._map, base, seq + 1, step, len(payload), zlib.crc32(payload))
+        self._seq[slot] = seq + 1
+
+
+def read_stash(path: str | os.PathLike) -> dict[int, bytes]:
+    """Return {step: payload} for every intact slot of a stash file (reader side)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return {}
+    slot_size = len(data) // 2
+    found = {}
+    for slot in range(2):
+        base = slot * slot_size
+        if slot_size < _HEADER.size:
+            continue
+        seq, step, length, crc = _HEADER.unpack_from(data, base)
+        payload = data[base + _HEADER.size : base + _HEADER.size + length]
+        if seq and seq % 2 == 0 and len(payload) == length and zlib.crc32(payload) == crc:
+            found[step] = payload
+    return found
+
+
+def stashed_ranks(shm_dir: str | os.PathLike, kind: str) -> dict[int, Path]:
+    """{rank: stash file} of every local rank that has a stash of ``kind``."""
+    found = {}
+    for path in sorted(Path(shm_dir).glob(f"{kind}-rank-*.bin")):
+        try:
+            found[int(path.stem.rsplit("-", 1)[1])] = path
+        except ValueError:
+            continue
+    return found

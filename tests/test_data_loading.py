@@ -1,0 +1,130 @@
+"""Data loading: a StatefulDataLoader script written as torchdata documents it resumes bit-exact under jit-run.
+
+tests/user_programs/stateful_loader.py is a 3-rank DDP job whose loader has 2
+workers that augment every sample at random (torch and Python generators),
+a shuffled DistributedSampler and per-rank seeds, with dropout.  It saves and
+loads ``loader.state_dict()`` itself.  A rank kills or freezes itself after
+fetching a batch (mid-epoch, at the first batch of an epoch), or dies inside
+its optimizer step (mid-epoch, or in an epoch's last minibatch, so that the
+replicas save the start of a new epoch); each run must end with the fault-free run's parameters.
+Without the torchdata adapter (jitckpt/adapters/torchdata_loader.py) each of
+these ends with wrong parameters while reporting success: the saved position
+is one batch ahead, a replacement rank gets its replica's seeds, and the
+workers' generators restart from the seed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import REPO, reference_sha, run_jit
+from jitckpt.store import safe_codec
+
+SCRIPT = REPO / "tests" / "user_programs" / "stateful_loader.py"
+NPROC = 3
+
+
+@pytest.fixture(scope="module")
+def loader_reference() -> dict[tuple[str, ...], str]:
+    """Fault-free plain-torchrun hashes, per script-argument tuple (computed on first use)."""
+    return {}
+
+
+def _reference(cache: dict[tuple[str, ...], str], args: list[str]) -> str:
+    key = tuple(args)
+    if key not in cache:
+        cache[key] = reference_sha(NPROC, args, SCRIPT)
+    return cache[key]
+
+
+@pytest.mark.parametrize(
+    "die, fault, extra",
+    [
+        ("1:5:kill", "", []),  # mid-epoch, SIGKILL
+        ("2:8:stop", "", []),  # the first batch of the second epoch, frozen (hang)
+        ("", "rank=1,step=5,phase=optimizer,kind=kill", []),  # inside the optimizer step: replicas save i+1
+        ("", "rank=0,step=7,phase=optimizer,kind=kill", []),  # ... of an epoch's last minibatch: i+1 is a new epoch
+        ("1:5:kill", "", ["--workers", "0"]),  # augmentation drawn in the main process
+    ],
+    ids=["kill-mid-epoch", "hang-first-batch-of-epoch", "kill-in-optimizer-step", "kill-in-last-step-of-epoch",
+         "no-workers"],
+)
+def test_stateful_dataloader_script_resumes_bit_exact(tmp_path, loader_reference, die, fault, extra):
+    args = [*extra, *(["--die", die] if die else [])]
+    expected = _reference(loader_reference, extra)
+    result = run_jit(tmp_path / "ckpt", fault=fault, nproc=NPROC, args=args, script=SCRIPT)
+    assert result.returncode == 0, result.output[-4000:]
+    # every rank's loader got the rank's own state (or, at an epoch's start, its own seeds again)
+    assert result.output.count("data loader #0: ") >= NPROC, result.output[-4000:]
+    assert "were lost" not in result.output, result.output[-4000:]
+    assert result.sha == expected, result.output[-4000:]
+
+
+def test_the_jit_checkpoint_carries_every_local_ranks_own_loader_state(tmp_path):
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, args=["--die", "1:5:kill", "--epochs", "1"], script=SCRIPT)
+    assert result.returncode == 0, result.output[-4000:]
+    saved = sorted((tmp_path / "ckpt").glob("**/jitckpt-loader/rank-*.bin"))
+    ranks_saved = {path.name for path in saved}
+    assert {"rank-00000.bin", "rank-00001.bin", "rank-00002.bin"} <= ranks_saved
+    for path in saved:
+        states = safe_codec.decode(path.read_bytes())
+        assert isinstance(states, dict) and 0 in states  # loader #0 of that rank
+        assert isinstance(states[0]["_snapshot"], dict)
+
+
+def test_safe_codec_round_trips_state_dicts_and_refuses_the_rest():
+    value = {"a": 1, 2: (1.5, float("nan"), None, True), "t": torch.arange(6).reshape(2, 3), "b": b"\x00\xff",
+             "big": 2**70, "half": torch.ones(3, dtype=torch.bfloat16), "empty": torch.zeros(0)}
+    back = safe_codec.decode(safe_codec.encode(value))
+    assert back["a"] == 1 and back["big"] == 2**70 and back["b"] == b"\x00\xff"
+    assert back[2][0] == 1.5 and back[2][1] != back[2][1] and back[2][2:] == (None, True)
+    assert torch.equal(back["t"], value["t"]) and back["t"].dtype == torch.int64
+    assert torch.equal(back["half"], value["half"]) and back["empty"].shape == (0,)
+    with pytest.raises(safe_codec.SafeCodecError, match="cannot be stored safely"):
+        safe_codec.encode({"x": object()})
+
+
+@pytest.mark.parametrize("payload", [b"\x80\x04\x95pickle", b"{}", b'{"format":"jitckpt-safe-codec-1","value":{"eval":"x"}}',
+                                     b'{"format":"jitckpt-safe-codec-1","value":{"tensor":{"dtype":"float32","shape":[4],"data":"AAAA"}}}'])
+def test_safe_codec_refuses_foreign_or_damaged_payloads(payload):
+    with pytest.raises(safe_codec.SafeCodecError):
+        safe_codec.decode(payload)
+
+
+def test_a_planted_loader_state_is_refused_and_never_run(tmp_path):
+    """Every replica's loader-state file replaced by a pickle that runs code, the metadata checksums updated to
+    match: the resume stops with an error naming the file, and the planted code never runs."""
+    import hashlib
+    import json
+    import pickle
+
+    ckpt = tmp_path / "ckpt"
+    saved = run_jit(ckpt, nproc=NPROC, max_restarts=0, args=["--die", "1:5:kill", "--epochs", "1"], script=SCRIPT)
+    assert saved.returncode != 0 and (ckpt / "step-00000005").is_dir(), saved.output[-3000:]
+    marker = tmp_path / "planted-code-ran"
+    payload = pickle.dumps(_Planted(str(marker)))
+    planted = 0
+    for replica in sorted((ckpt / "step-00000005").glob("rank-*")):
+        meta_path = replica / "jitckpt-meta.json"
+        meta = json.loads(meta_path.read_text())
+        for name in list(meta["files"]):
+            if name.startswith("jitckpt-loader/"):
+                (replica / name).write_bytes(payload)
+                meta["files"][name] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+                planted += 1
+        meta_path.write_text(json.dumps(meta))
+    assert planted >= NPROC
+    second = run_jit(ckpt, nproc=NPROC, max_restarts=0, args=["--epochs", "1"], script=SCRIPT)
+    assert not marker.exists(), "code planted in a checkpoint ran on resume"
+    assert second.returncode != 0
+    assert "the data-loader state stored for rank" in second.output and "is unusable" in second.output, \
+        second.output[-4000:]
+
+
+class _Planted:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (open, (self.marker, "w"))

@@ -1,0 +1,116 @@
+"""A user's DDP script with torchdata's StatefulDataLoader, written the way torchdata's documentation shows.
+
+- 2 loader workers that augment every sample with random noise and random
+  flips (torch's and Python's generators, in the worker);
+- a shuffled DistributedSampler, and per-rank seeds: each rank seeds its
+  global generator differently (dropout masks, the loader's base seed);
+- save(): model, optimizer, ``loader.state_dict()`` and the loop counters;
+  resume: the same, loaded back with ``loader.load_state_dict``;
+- ``--die RANK:STEP:HOW`` makes that rank kill (SIGKILL) or freeze (SIGSTOP)
+  itself right after fetching the batch of minibatch STEP, in attempt 0.
+
+Prints ``final parameters sha256 <hex>`` on rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import signal
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import Dataset
+from torch.utils.data.distributed import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import jitckpt
+
+
+class NoisySines(Dataset):
+    """Fixed inputs; each access adds fresh noise and sometimes flips the sample (augmentation)."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(99)
+        self.x = torch.randn(n, 16, generator=g)
+        self.y = self.x[:, :4].sum(dim=1, keepdim=True).sin()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[i] + 0.1 * torch.randn(16)
+        if random.random() < 0.5:
+            x = x.flip(0)
+        return x, self.y[i]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--samples", type=int, default=96)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--die", default="")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    die_rank, die_step, how = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")
+
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    torch.manual_seed(args.seed + 1 + rank)  # per-rank: dropout masks and the loader's base seed
+    random.seed(args.seed + 1 + rank)
+
+    dataset = NoisySines(args.samples)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)
+    loader = StatefulDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=args.workers)
+    progress = {"epoch": 0, "step": 0}
+
+    def save(path: str) -> None:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "loader": loader.state_dict(), **progress}, os.path.join(path, "state.pt"))
+
+    jitckpt.register_save_checkpoint(save)
+    path = jitckpt.jit_get_checkpoint_path()
+    if path:
+        state = torch.load(os.path.join(path, "state.pt"))
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["loader"])
+        progress.update(epoch=state["epoch"], step=state["step"])
+        if rank == 0:
+            print(f"resumed at epoch {progress['epoch']} step {progress['step']}", flush=True)
+
+    ddp = DDP(model)
+    loss_fn = nn.MSELoss()
+    while progress["epoch"] < args.epochs:
+        sampler.set_epoch(progress["epoch"])
+        for x, y in loader:
+            if attempt == 0 and rank == int(die_rank) and progress["step"] == int(die_step):
+                print(f"rank {rank}: dying ({how}) in minibatch {progress['step']}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+            loss = loss_fn(ddp(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            progress["step"] += 1
+        progress["epoch"] += 1
+
+    if rank == 0:
+        digest = hashlib.sha256()
+        for name, tensor in sorted(model.state_dict().items()):
+            digest.update(name.encode() + tensor.detach().contiguous().numpy().tobytes())
+        print(f"trained {progress['step']} steps; final parameters sha256 {digest.hexdigest()}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
