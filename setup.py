@@ -27,12 +27,14 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-NATIVE_DIRS = ("emulator", "interpose")
+NATIVE_DIRS = ("emulator", "interpose", "proxy_server")
 # What each native part ships, relative to its build/ directory.  Kept in
 # step with jitckpt.native.FILES (tests/test_wheel.py checks a real wheel).
 SHIPPED = {
     "emulator": ("libcudart.so.13", "libnccl.so.2", "libcudart.so", "libnccl.so"),
-    "interpose": ("libjitckpt_interpose.so", "gen/coverage.json", "gen/jitckpt_interpose.cdef"),
+    "interpose": ("libjitckpt_interpose.so", "gen/coverage.json", "gen/jitckpt_interpose.cdef",
+                  "libjitckpt_remote.so"),
+    "proxy_server": ("jitckpt-proxy",),
 }
 
 

@@ -30,6 +30,8 @@ NATIVE_FILES = [
     "jitckpt/native/_build/interpose/libjitckpt_interpose.so",
     "jitckpt/native/_build/interpose/gen/coverage.json",
     "jitckpt/native/_build/interpose/gen/jitckpt_interpose.cdef",
+    "jitckpt/native/_build/interpose/libjitckpt_remote.so",
+    "jitckpt/native/_build/proxy_server/jitckpt-proxy",
     "jitckpt/worker/_bootstrap/sitecustomize.py",
 ]
 

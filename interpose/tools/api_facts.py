@@ -63,11 +63,39 @@ Transparent (remote) mode (descriptive columns, not generated from yet):
 ``refused``
     Transparent mode refuses the call, for this reason (told to the user by
     ``jit-run doctor`` and at run time).
+
+Remote mode (generated into ``libjitckpt_remote.so`` and the proxy's
+dispatch, ``gen_interpose.py --remote``; see ``proxy_server/README.md``):
+
+``remote``
+    ``"gen"``: the worker stub and the proxy dispatch are generated from the
+    prototype and the columns here; ``"hand"``: both sides are hand-written
+    (``interpose/remote/special.c``, ``proxy_server/src/special.c``);
+    ``"local"``: runs in the worker against nothing remote (worker-side
+    state only).  Every other function that returns ``cudaError_t`` or
+    ``ncclResult_t`` is refused by name; functions returning anything else
+    (``cudaGetErrorString``) are pure and call the real library in-process.
+``device``
+    Pointer parameters whose *value* crosses unchanged: device addresses
+    (the proxy re-creates allocations at the same address) and host-stub
+    addresses, which the runtime only uses as keys.
+``host_in``, ``host_out``
+    Parameter -> C expression over the parameters: bytes of host memory the
+    call reads (copied to the proxy through the bulk arena) or writes
+    (copied back from it).  When the expression is 0 the pointer's value
+    crosses unchanged (it is a device address: ``cudaMemcpy``'s ``kind``).
+``out_strings``
+    ``const char **`` parameters the call points at a string: the string's
+    bytes come back and the worker keeps its own copy.
+``remote_check``
+    A C condition over the parameters under which remote mode refuses this
+    particular call at run time (``cudaMemcpyDefault`` needs to know which
+    pointers are device pointers, which the worker does not track yet).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 
@@ -91,6 +119,13 @@ class Fact:
     mode: str = ""
     log_bytes: Mapping[str, str] = field(default_factory=dict)
     refused: str = ""
+    # remote mode
+    remote: str = ""
+    device: tuple[str, ...] = ()
+    host_in: Mapping[str, str] = field(default_factory=dict)
+    host_out: Mapping[str, str] = field(default_factory=dict)
+    out_strings: tuple[str, ...] = ()
+    remote_check: str = ""
 
     @property
     def wrapped(self) -> bool:
@@ -194,5 +229,100 @@ NCCL.update({
     "ncclGetErrorString": Fact(lookup=True, mode="sync"),
     "ncclGetLastError": Fact(lookup=True, handles={"comm": "comm"}, mode="sync"),
 })
+
+
+# ---- remote mode: the functions milestone 1 of transparent mode marshals ----------------
+# Columns as in the module docstring; merged into the rows above (or new rows).
+D2H, H2D_ONLY = "kind == cudaMemcpyDeviceToHost", "kind == cudaMemcpyHostToDevice"
+# cudaMemcpyDefault needs to know which pointers are device pointers; host-to-host
+# would copy between worker addresses.  An invalid kind goes to the runtime, which rejects it.
+NO_DEFAULT_KIND = "kind == cudaMemcpyDefault || kind == cudaMemcpyHostToHost"
+GEN, HAND = "gen", "hand"
+REMOTE: dict[str, dict] = {
+    # device, memory
+    "cudaGetDeviceCount": dict(remote=GEN, outputs=("count",), mode="sync"),
+    "cudaGetDevice": dict(remote=GEN),
+    "cudaSetDevice": dict(remote=GEN),
+    "cudaGetDeviceProperties": dict(remote=GEN, outputs=("prop",), mode="sync"),
+    "cudaDeviceGetAttribute": dict(remote=GEN, outputs=("value",), mode="sync"),
+    "cudaRuntimeGetVersion": dict(remote=GEN, outputs=("runtimeVersion",), mode="sync"),
+    "cudaDriverGetVersion": dict(remote=GEN, outputs=("driverVersion",), mode="sync"),
+    "cudaMemGetInfo": dict(remote=GEN, outputs=("free", "total"), mode="sync"),
+    "cudaDeviceSynchronize": dict(remote=GEN),
+    "cudaGetLastError": dict(remote=GEN, mode="sync"),
+    "cudaPeekAtLastError": dict(remote=GEN, mode="sync"),
+    "cudaMalloc": dict(remote=GEN, outputs=("devPtr",), mode="sync"),
+    "cudaFree": dict(remote=GEN, device=("devPtr",), mode="sync"),
+    "cudaMemcpy": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} ? count : 0"},
+                       host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND),
+    "cudaMemcpyAsync": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} ? count : 0"},
+                            host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND),
+    "cudaMemset": dict(remote=GEN, device=("devPtr",)),
+    "cudaMemsetAsync": dict(remote=GEN, device=("devPtr",)),
+    # streams and events
+    "cudaStreamCreate": dict(remote=GEN, creates={"pStream": "stream"}, mode="sync"),
+    "cudaStreamCreateWithFlags": dict(remote=GEN),
+    "cudaStreamCreateWithPriority": dict(remote=GEN, creates={"pStream": "stream"}, mode="sync"),
+    "cudaStreamDestroy": dict(remote=GEN, handles=STREAM),
+    "cudaStreamSynchronize": dict(remote=GEN),
+    "cudaStreamQuery": dict(remote=GEN, handles=STREAM, mode="sync"),
+    "cudaStreamWaitEvent": dict(remote=GEN),
+    "cudaStreamGetFlags": dict(remote=GEN),
+    "cudaStreamGetPriority": dict(remote=GEN, handles={"hStream": "stream"}, outputs=("priority",), mode="sync"),
+    "cudaEventCreate": dict(remote=GEN, creates={"event": "event"}, mode="sync"),
+    "cudaEventCreateWithFlags": dict(remote=GEN),
+    "cudaEventRecord": dict(remote=GEN),
+    "cudaEventSynchronize": dict(remote=GEN),
+    "cudaEventQuery": dict(remote=GEN),
+    "cudaEventDestroy": dict(remote=GEN, handles={"event": "event"}),
+    "cudaEventElapsedTime": dict(remote=GEN, handles={"start": "event", "end": "event"}, outputs=("ms",),
+                                 mode="sync"),
+    # kernels and device variables (keys: the worker's host-stub and host-shadow addresses)
+    "cudaFuncGetName": dict(remote=GEN, device=("func",), out_strings=("name",), mode="sync"),
+    "cudaFuncGetParamInfo": dict(remote=GEN, device=("func",), outputs=("paramOffset", "paramSize"), mode="sync"),
+    "cudaGetSymbolAddress": dict(remote=GEN, device=("symbol",), outputs=("devPtr",), mode="sync"),
+    "cudaGetSymbolSize": dict(remote=GEN, device=("symbol",), outputs=("size",), mode="sync"),
+    "cudaMemcpyToSymbol": dict(remote=GEN, device=("symbol",), host_in={"src": f"{H2D_ONLY} ? count : 0"},
+                               remote_check=NO_DEFAULT_KIND,
+                               mode="blocking"),
+    "cudaMemcpyFromSymbol": dict(remote=GEN, device=("symbol",), host_out={"dst": f"{D2H} ? count : 0"},
+                                 remote_check=NO_DEFAULT_KIND,
+                                 mode="blocking"),
+    # hand-written on both sides (interpose/remote/special.c, proxy_server/src/special.c)
+    "cudaLaunchKernel": dict(remote=HAND),
+    "__cudaLaunchKernel": dict(remote=HAND),
+    "cudaMallocHost": dict(remote=HAND, mode="sync"),
+    "cudaHostAlloc": dict(remote=HAND, mode="sync"),
+    "cudaFreeHost": dict(remote=HAND, mode="sync"),
+}
+# NCCL: the communicator is a virtual handle; buffers are device pointers.
+NCCL_BUFFERS = {"ncclAllReduce": ("sendbuff", "recvbuff"), "ncclBroadcast": ("sendbuff", "recvbuff"),
+                "ncclBcast": ("buff",), "ncclReduce": ("sendbuff", "recvbuff"),
+                "ncclAllGather": ("sendbuff", "recvbuff"), "ncclReduceScatter": ("sendbuff", "recvbuff"),
+                "ncclAlltoAll": ("sendbuff", "recvbuff"), "ncclSend": ("sendbuff",), "ncclRecv": ("recvbuff",)}
+REMOTE_NCCL: dict[str, dict] = {
+    **{name: dict(remote=GEN, device=buffers) for name, buffers in NCCL_BUFFERS.items()},
+    "ncclGetUniqueId": dict(remote=GEN, outputs=("uniqueId",), mode="sync"),
+    "ncclCommInitRank": dict(remote=GEN, creates={"comm": "comm"}, mode="sync"),
+    "ncclCommDestroy": dict(remote=GEN),
+    "ncclCommAbort": dict(remote=GEN),
+    "ncclCommGetAsyncError": dict(remote=GEN),
+    "ncclCommCount": dict(remote=GEN, handles={"comm": "comm"}, outputs=("count",), mode="sync"),
+    "ncclCommUserRank": dict(remote=GEN, handles={"comm": "comm"}, outputs=("rank",), mode="sync"),
+    "ncclCommCuDevice": dict(remote=GEN, handles={"comm": "comm"}, outputs=("device",), mode="sync"),
+    "ncclGroupStart": dict(remote=GEN, mode="sync"),
+    "ncclGroupEnd": dict(remote=GEN, mode="sync"),
+    "ncclGetVersion": dict(remote=GEN, outputs=("version",), mode="sync"),
+}
+# nvcc's hidden registration and launch-configuration entry points: no C header
+# declares them, so they are hand-written on both sides.
+HIDDEN_HAND = ("__cudaRegisterFatBinary", "__cudaRegisterFatBinaryEnd", "__cudaUnregisterFatBinary",
+               "__cudaRegisterFunction", "__cudaRegisterVar", "__cudaInitModule", "__cudaGetKernel",
+               "__cudaPushCallConfiguration", "__cudaPopCallConfiguration")
+for _name, _cols in REMOTE.items():
+    CUDART[_name] = replace(CUDART[_name], **_cols) if _name in CUDART else Fact(**_cols)
+
+for _name, _cols in REMOTE_NCCL.items():
+    NCCL[_name] = replace(NCCL[_name], **_cols) if _name in NCCL else Fact(**_cols)
 
 FACTS: dict[str, Fact] = {**CUDART, **NCCL}

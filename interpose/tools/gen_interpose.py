@@ -44,7 +44,8 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_facts import FACTS, Fact  # noqa: E402
+from api_facts import FACTS, HIDDEN_HAND, Fact  # noqa: E402
+import gen_remote  # noqa: E402
 
 GENERATOR = "interpose/tools/gen_interpose.py"
 CONTROL_NODE = "JITCKPT_INTERPOSE_1"
@@ -390,8 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cudart-soname", default="libcudart.so.13")
     parser.add_argument("--nm", default="nm")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--remote", action="store_true",
+                        help="write the remote-mode files instead (gen_remote.py): the worker stubs of "
+                             "libjitckpt_remote.so and the proxy's dispatch")
     args = parser.parse_args(argv)
     facts_file = Path(__file__).resolve().parent / "api_facts.py"
+    if args.remote:
+        return remote_main(args, facts_file)
     try:
         headers = [args.cuda_header, args.nccl_header]
         functions = describe(args.cuda_header, args.nccl_header, FACTS)
@@ -412,6 +418,27 @@ def main(argv: list[str] | None = None) -> int:
         }
         files["next_syms.h"], files["next_syms.c"] = next_syms_files(functions, inputs)
     except GenError as exc:
+        print(f"gen_interpose: {exc}", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (args.out / name).write_text(text, encoding="utf-8")
+    return 0
+
+
+def remote_main(args: argparse.Namespace, facts_file: Path) -> int:
+    try:
+        functions = describe(args.cuda_header, args.nccl_header, FACTS)
+        cuda, twins = parse_cuda_header(args.cuda_header)
+        nccl = parse_nccl_header(args.nccl_header)
+        names = gen_remote.header_names(strip_comments(args.cuda_header.read_text(errors="replace")))
+        names |= gen_remote.header_names(strip_comments(args.nccl_header.read_text(errors="replace")))
+        exports = emulator_exports(args.emulator_lib, args.nm)
+        inputs = [args.cuda_header, args.nccl_header, facts_file, Path(gen_remote.__file__)]
+        files = gen_remote.generate(functions, cuda, nccl, twins, names, exports, HIDDEN_HAND,
+                                    banner("Remote mode (transparent mode): see proxy_server/README.md.", inputs),
+                                    args.cudart_soname)
+    except (GenError, gen_remote.RemoteGenError) as exc:
         print(f"gen_interpose: {exc}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)

@@ -7,15 +7,17 @@ The native parts are built by ``make`` from the source tree:
 * ``interpose/`` -> ``libjitckpt_interpose.so`` (the LD_PRELOAD interposition
   library) and, generated from the CUDA and NCCL headers, its coverage list
   (``coverage.json``, read by ``jit-run doctor``) and the cffi declarations of
-  its control interface (``jitckpt_interpose.cdef``).
+  its control interface (``jitckpt_interpose.cdef``); and ``libjitckpt_remote.so``,
+  the worker side of transparent mode;
+* ``proxy_server/`` -> ``jitckpt-proxy``, the device proxy of transparent mode.
 
 They are looked up in two places, first match wins:
 
-1. **package data**, ``jitckpt/native/_build/{emulator,interpose}/``: what a
+1. **package data**, ``jitckpt/native/_build/{emulator,interpose,proxy_server}/``: what a
    wheel (``pip install .``) carries, copied there by the build hook in
    ``setup.py``;
-2. **the source tree** this package sits in, ``emulator/build/`` and
-   ``interpose/build/`` (an editable install or a plain checkout), built on
+2. **the source tree** this package sits in, ``emulator/build/``,
+   ``interpose/build/`` and ``proxy_server/build/`` (an editable install or a plain checkout), built on
    demand by ``ensure_built``.
 """
 
@@ -30,12 +32,17 @@ SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent
 
 EMULATOR = "emulator"
 INTERPOSE = "interpose"
+PROXY = "proxy_server"
 # Files of each part, relative to its build directory (the first is the part's marker).
 FILES: dict[str, tuple[str, ...]] = {
     EMULATOR: ("libcudart.so.13", "libnccl.so.2", "libcudart.so", "libnccl.so"),
-    INTERPOSE: ("libjitckpt_interpose.so", "gen/coverage.json", "gen/jitckpt_interpose.cdef"),
+    INTERPOSE: ("libjitckpt_interpose.so", "gen/coverage.json", "gen/jitckpt_interpose.cdef",
+                "libjitckpt_remote.so"),
+    PROXY: ("jitckpt-proxy",),
 }
 INTERPOSER_SONAME = "libjitckpt_interpose.so"
+REMOTE_INTERPOSER = "libjitckpt_remote.so"
+PROXY_EXECUTABLE = "jitckpt-proxy"
 
 
 class NativeMissing(RuntimeError):

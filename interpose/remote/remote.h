@@ -1,0 +1,66 @@
+/* remote.h -- internal declarations of libjitckpt_remote.so, the worker side
+ * of transparent mode (proxy_server/README.md).
+ *
+ * The library is LD_PRELOADed instead of the passthrough library.  It
+ * exports every CUDA runtime and NCCL function of the API: the generated
+ * stubs (build/gen-remote/remote_stubs.c) marshal a call into the shared
+ * segment and wait for the proxy's answer; the hand-written ones (special.c)
+ * cover nvcc's hidden registration and launch entry points and pinned host
+ * memory; every function it cannot marshal yet is refused by name
+ * (refuse.c).  Nothing here ever calls the real runtime's stateful
+ * functions: the worker holds no device state.
+ *
+ * Concurrency: one call is in flight at a time; remote_begin() takes the
+ * library's one mutex and remote_end() releases it. */
+#ifndef JITCKPT_REMOTE_H
+#define JITCKPT_REMOTE_H
+
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "jitckpt_remote_wire.h"
+#include "remote_fns.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* One call being marshalled: cursors into the request, response and arena. */
+struct rcall {
+    struct jitckpt_wire *w;
+    unsigned char *arena;
+    size_t req, rep, arena_used;
+    int overflow;             /* a request or arena overflow: the call is not sent */
+    int32_t ret;
+};
+
+/* client.c: the connection, the call */
+int remote_begin(struct rcall *c, unsigned fn);     /* 0, or -1 (no proxy; nothing held) */
+int32_t remote_call(struct rcall *c);
+void remote_end(struct rcall *c);
+cudaError_t remote_unavailable(void);
+
+/* marshal.c: arguments and results, in parameter order (jitckpt_remote_wire.h) */
+void rc_put(struct rcall *c, const void *p, size_t n);
+void rc_put_handle(struct rcall *c, const void *handle);
+void rc_put_flag(struct rcall *c, int on);
+void rc_put_string(struct rcall *c, const char *s);
+void rc_put_in(struct rcall *c, const void *p, size_t n);
+void *rc_put_out(struct rcall *c, size_t n);
+void rc_get_out(struct rcall *c, void *dst, const void *from, size_t n);
+int rc_get(struct rcall *c, void *p, size_t n);
+void rc_get_handle(struct rcall *c, void **handle);
+const char *rc_get_string(struct rcall *c);
+
+/* refuse.c: functions and calls remote mode does not cover */
+void remote_refuse(const char *name, const char *reason);
+cudaError_t remote_refuse_call(const char *name, const char *condition);
+void rlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* refuse.c too: pure functions (cudaGetErrorString) called in-process */
+enum { remote_next_cudart, remote_next_nccl };
+void *remote_local_fn(void **cache, const char *name, int lib);
+
+#endif

@@ -1,0 +1,285 @@
+"""The remote (transparent-mode) half of the generator: worker stubs and proxy dispatch.
+
+Called by ``gen_interpose.py --remote``.  From the same API description as the
+passthrough library (NVIDIA's prototypes plus ``api_facts.py``) it writes:
+
+  remote_fns.h        enum remote_fn: one id per marshalled function (the wire's function ids)
+  remote_stubs.c      libjitckpt_remote.so's exported CUDA runtime and NCCL entry points:
+                      a generated stub per ``remote="gen"`` function (marshal, call, unmarshal),
+                      a refusal per function remote mode cannot marshal yet, and an
+                      in-process call of the real library per pure function
+  remote.map          its linker version script
+  proxy_dispatch.c    the proxy's half: per ``remote="gen"`` function, unmarshal, call the real
+                      function, marshal the results; the dispatch table; the symbol lookup
+
+How a parameter crosses (module docstring of api_facts.py): by value when its type is not a
+pointer; a virtual id when ``handles`` names it; back as a virtual id when ``creates`` does;
+back as ``sizeof *p`` bytes when ``outputs`` does; its value unchanged when ``device`` does;
+its bytes through the arena when ``host_in``/``host_out`` give a size (value unchanged when
+the size is 0); back as a string when ``out_strings`` does.  A ``remote="gen"`` function
+with any other pointer or handle parameter stops the generator with the parameter's name.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Opaque handle typedefs (pointers in disguise): one of them crossing by value would hand
+# the proxy a worker-side value, so each must be classified.
+HANDLE_TYPES = {
+    "cudaStream_t": "stream", "cudaEvent_t": "event", "cudaKernel_t": "kernel", "cudaFunction_t": "func",
+    "cudaGraph_t": "graph", "cudaGraphExec_t": "graph_exec", "cudaGraphNode_t": "graph", "cudaLibrary_t": "module",
+    "cudaArray_t": "", "cudaArray_const_t": "", "cudaMipmappedArray_t": "", "cudaMemPool_t": "",
+    "cudaUserObject_t": "", "cudaGraphicsResource_t": "", "cudaExternalMemory_t": "",
+    "cudaExternalSemaphore_t": "", "cudaAsyncCallbackHandle_t": "", "cudaLogsCallbackHandle": "",
+    "ncclComm_t": "comm", "cudaGraphDeviceNode_t": "", "cudaMemFabricHandle_t": "",
+}
+KIND_ENUM = {"stream": "VH_STREAM", "event": "VH_EVENT", "kernel": "VH_KERNEL", "module": "VH_MODULE",
+             "comm": "VH_COMM", "graph": "VH_GRAPH", "graph_exec": "VH_GRAPH_EXEC", "func": "VH_FUNC"}
+ERROR_TYPES = {"cudaError_t": "cudaErrorNotSupported", "ncclResult_t": "ncclInvalidUsage"}
+HIDDEN_PROTOS = {
+    "__cudaRegisterFatBinary": "void **__cudaRegisterFatBinary(void *fatCubin)",
+    "__cudaRegisterFatBinaryEnd": "void __cudaRegisterFatBinaryEnd(void **fatCubinHandle)",
+    "__cudaUnregisterFatBinary": "void __cudaUnregisterFatBinary(void **fatCubinHandle)",
+}
+
+
+class RemoteGenError(Exception):
+    pass
+
+
+def c_str(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def pointee(type_: str) -> str:
+    return type_[:-1].rstrip() if type_.endswith("*") else ""
+
+
+def classify(function) -> list[tuple[str, object]]:
+    """(class, detail) per parameter of a remote="gen" function, in order."""
+    fact, out = function.fact, []
+    for p in function.proto.params:
+        base = p.type.replace("const ", "").strip()
+        if p.name in fact.handles:
+            out.append(("handle", fact.handles[p.name]))
+        elif p.name in fact.creates:
+            out.append(("create", fact.creates[p.name]))
+        elif p.name in fact.outputs:
+            out.append(("output", None))
+        elif p.name in fact.out_strings:
+            out.append(("out_string", None))
+        elif p.name in fact.host_in:
+            out.append(("host_in", fact.host_in[p.name]))
+        elif p.name in fact.host_out:
+            out.append(("host_out", fact.host_out[p.name]))
+        elif p.name in fact.device:
+            out.append(("device", None))
+        elif p.type.endswith("*") or base in HANDLE_TYPES:
+            raise RemoteGenError(f"{function.name}: remote=\"gen\" but parameter {p.decl()} is neither "
+                                 f"a handle, an output, a device pointer nor a host buffer in api_facts.py")
+        else:
+            out.append(("value", None))
+    return out
+
+
+def worker_stub(function, rfn: str) -> str:
+    proto, fact = function.proto, function.fact
+    classes = classify(function)
+    lines = [f"EXPORT {proto.decl()}", "{"]
+    if fact.remote_check:
+        lines += [f"    if ({fact.remote_check})",
+                  f"        return remote_refuse_call({c_str(function.name)}, {c_str(fact.remote_check)});"]
+    unavailable = "ncclSystemError" if proto.ret == "ncclResult_t" else "remote_unavailable()"
+    lines += ["    struct rcall jr_c;", f"    if (remote_begin(&jr_c, {rfn}) != 0)", f"        return {unavailable};"]
+    for p, (cls, detail) in zip(proto.params, classes):
+        if cls in ("value", "device", "host_in", "host_out"):
+            lines.append(f"    rc_put(&jr_c, &{p.name}, sizeof {p.name});")
+        elif cls == "handle":
+            lines.append(f"    rc_put_handle(&jr_c, (const void *){p.name});")
+        elif cls in ("output", "create", "out_string"):
+            lines.append(f"    rc_put_flag(&jr_c, {p.name} != NULL);")
+    for p, (cls, detail) in zip(proto.params, classes):
+        if cls == "host_in":
+            lines.append(f"    rc_put_in(&jr_c, {p.name}, (size_t)({detail}));")
+        elif cls == "host_out":
+            lines.append(f"    void *out_{p.name} = rc_put_out(&jr_c, (size_t)({detail}));")
+    lines.append(f"    {proto.ret} jr_ret = ({proto.ret})remote_call(&jr_c);")
+    # Outputs come back only from a call that succeeded (as the runtime leaves them alone otherwise).
+    for p, (cls, detail) in zip(proto.params, classes):
+        if cls == "host_out":
+            lines.append(f"    rc_get_out(&jr_c, {p.name}, out_{p.name}, (size_t)({detail}));")
+        elif cls == "output":
+            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rc_get(&jr_c, {p.name}, sizeof *{p.name});")
+        elif cls == "create":
+            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rc_get_handle(&jr_c, (void **){p.name});")
+        elif cls == "out_string":
+            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        *{p.name} = rc_get_string(&jr_c);")
+    lines += ["    remote_end(&jr_c);", "    return jr_ret;", "}", ""]
+    return "\n".join(lines)
+
+
+def proxy_dispatch_fn(function) -> str:
+    proto, fact = function.proto, function.fact
+    classes = classify(function)
+    bad_handle = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "cudaErrorInvalidResourceHandle"
+    bad = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "RD_BAD"
+    lines = [f"static int32_t d_{function.name}(struct rdisp *jr_d)", "{"]
+    for p, (cls, _) in zip(proto.params, classes):
+        if cls in ("output", "create"):
+            lines.append(f"    {pointee(p.type)} v_{p.name};")
+            lines.append(f"    memset(&v_{p.name}, 0, sizeof v_{p.name});")
+            lines.append(f"    {p.type} {p.name} = NULL;")
+        elif cls == "out_string":
+            lines.append(f"    const char *v_{p.name} = NULL, **{p.name} = NULL;")
+        else:
+            # "const ncclComm_t comm" is assigned here: drop a top-level const.
+            type_ = p.type[len("const "):] if p.type.startswith("const ") and not p.type.endswith("*") else p.type
+            lines.append(f"    {type_} {p.name};")
+            lines.append(f"    memset(&{p.name}, 0, sizeof {p.name});")
+        if cls == "handle":
+            lines.append(f"    uint64_t vid_{p.name} = 0;")
+    for p, (cls, detail) in zip(proto.params, classes):
+        if cls in ("value", "device", "host_in", "host_out"):
+            lines.append(f"    if (rd_get(jr_d, &{p.name}, sizeof {p.name}))\n        return {bad};")
+        elif cls == "handle":
+            lines.append(f"    if (rd_get_handle(jr_d, {KIND_ENUM[detail]}, &vid_{p.name}, (void **)&{p.name}))\n"
+                         f"        return {bad_handle};")
+        elif cls in ("output", "create", "out_string"):
+            lines.append(f"    if (rd_flag(jr_d))\n        {p.name} = &v_{p.name};")
+    for p, (cls, _) in zip(proto.params, classes):
+        if cls in ("host_in", "host_out"):
+            lines.append(f"    if (rd_{cls}(jr_d, (const void **)&{p.name}))\n        return {bad};")
+    args = ", ".join(p.name for p in proto.params)
+    lines.append(f"    {proto.ret} jr_ret = real_{function.name}({args});")
+    stream = next((p.name for p, (cls, d) in zip(proto.params, classes) if cls == "handle" and d == "stream"), None)
+    if fact.mode == "async" and stream and any(cls == "host_out" for cls, _ in classes):
+        lines.append("    /* a pageable destination: the copy is complete when the call returns */")
+        lines.append(f"    if (jr_ret == cudaSuccess && rd_has_out(jr_d))\n"
+                     f"        jr_ret = real_cudaStreamSynchronize({stream});")
+    for p, (cls, detail) in zip(proto.params, classes):
+        if cls == "output":
+            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rd_put(jr_d, {p.name}, sizeof *{p.name});")
+        elif cls == "create":
+            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rd_put_new_handle(jr_d, {KIND_ENUM[detail]}, "
+                         f"(void *)*{p.name});")
+        elif cls == "out_string":
+            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rd_put_string(jr_d, *{p.name});")
+    for name in fact.destroys:
+        kind = fact.handles.get(name)
+        if kind:
+            lines.append(f"    if (jr_ret == 0)\n        vh_forget({KIND_ENUM[kind]}, vid_{name});")
+    lines += ["    return (int32_t)jr_ret;", "}", ""]
+    return "\n".join(lines)
+
+
+def refusal(name: str, proto, reason: str) -> str:
+    if proto is None:
+        # No usable prototype: the caller's arguments are ignored and the int result
+        # (cudaError_t or ncclResult_t in every such function the ABI has) is the error.
+        err = "ncclInvalidUsage" if name.startswith(("nccl", "pnccl")) else "cudaErrorNotSupported"
+        return (f"EXPORT int {name}(void)\n{{\n    remote_refuse({c_str(name)}, {c_str(reason)});\n"
+                f"    return {err};\n}}\n")
+    return (f"EXPORT {proto.decl()}\n{{\n    remote_refuse({c_str(name)}, {c_str(reason)});\n"
+            f"    return {ERROR_TYPES[proto.ret]};\n}}\n")
+
+
+def local_call(name: str, proto, library: str) -> str:
+    args = ", ".join(p.name for p in proto.params)
+    lookup = "remote_next_cudart" if library == "cudart" else "remote_next_nccl"
+    ret = "" if proto.ret == "void" else "return "
+    return (f"EXPORT {proto.decl()}\n{{\n    static void *fn;\n"
+            f"    __typeof__({name}) *next = (__typeof__({name}) *)remote_local_fn(&fn, {c_str(name)}, {lookup});\n"
+            f"    {ret}next({args});\n}}\n")
+
+
+def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: set[str], exports: dict,
+             hand: tuple[str, ...], banner: str, soname: str) -> dict[str, str]:
+    """The remote files, by name."""
+    gen = {n: f for n, f in functions.items() if f.fact.remote == "gen"}
+    hand_names = [*hand, *(n for n, f in functions.items() if f.fact.remote == "hand")]
+    for name, f in gen.items():
+        if f.fact.refused:
+            raise RemoteGenError(f"{name}: both refused and remote=\"gen\"")
+        if f.proto.ret not in ERROR_TYPES:
+            raise RemoteGenError(f"{name}: remote=\"gen\" needs a cudaError_t/ncclResult_t result")
+        classify(f)
+    ids = sorted(gen) + sorted(set(hand_names))
+    fns = [banner, "#ifndef JITCKPT_REMOTE_FNS_H", "#define JITCKPT_REMOTE_FNS_H", "", "enum remote_fn {",
+           "    RFN_none = 0,"] + [f"    RFN_{n}," for n in ids] + ["    RFN_count", "};", "", "#endif", ""]
+
+    stubs = [banner, '#include "remote.h"', ""]
+    exported: list[tuple[str, str]] = []          # (name, library)
+    for name, f in sorted(gen.items()):
+        stubs.append(worker_stub(f, f"RFN_{name}"))
+        exported.append((name, f.library))
+    done = set(gen) | set(hand_names)
+    skipped: list[str] = []
+    for name in sorted(set(cuda) | set(nccl)):
+        if name in done:
+            continue
+        proto = cuda.get(name) or nccl.get(name)
+        library = "nccl" if name in nccl else "cudart"
+        fact = functions.get(name)
+        if proto.ret in ERROR_TYPES:
+            reason = fact.fact.refused if fact and fact.fact.refused else "not marshalled by remote mode yet"
+            stubs.append(refusal(name, proto, reason))
+        elif proto.ret == "const char *" and any(p.type in HANDLE_TYPES for p in proto.params):
+            # A string about a handle (ncclGetLastError(comm)): the handle is virtual here.
+            stubs.append(f"EXPORT {proto.decl()}\n{{\n    remote_refuse({c_str(name)}, \"not marshalled by remote "
+                         f"mode yet\");\n    return \"(not available in transparent mode)\";\n}}\n")
+        elif proto.ret == "void" or any(p.type.endswith("*") and "char" not in p.type or p.type in HANDLE_TYPES
+                                        for p in proto.params):
+            # Pointer parameters would be worker-side values; void ones (NCCL's debug
+            # reset, a macro too) have no result to be pure about.  Not exported: they bind
+            # to the real library, where none of them touches device state.
+            skipped.append(name)
+            done.add(name)
+            continue
+        else:
+            stubs.append(local_call(name, proto, library))
+        exported.append((name, library))
+        done.add(name)
+    # Everything else the API has: per-thread twins, prototypes the parser skips (function
+    # pointers), functions only the emulator's exports name.
+    others = set(twins.values()) | set(all_names) | set(exports)
+    for name in sorted(others - done):
+        if not name.startswith(("cuda", "__cuda", "nccl", "pnccl")) or name in hand_names:
+            continue
+        reason = ("the per-thread default stream is not marshalled by remote mode yet"
+                  if name.endswith(("_ptsz", "_ptds")) else "not marshalled by remote mode yet")
+        stubs.append(refusal(name, None, reason))
+        exported.append((name, "nccl" if name.startswith(("nccl", "pnccl")) else "cudart"))
+        done.add(name)
+    stubs.append("/* Not exported (they bind to the real library; none touches device state): "
+                 + ", ".join(skipped) + " */\n")
+    cuda_exports = sorted({n for n, lib in exported if lib == "cudart"} | {n for n in hand_names if not n.startswith("nccl")})
+    mapfile = "\n".join([banner.rstrip("\n"), f"{soname} {{", "  global:", *[f"    {n};" for n in cuda_exports],
+                         "};", "", "JITCKPT_REMOTE_1 {", "  global:", "    jitckpt_remote_*;", "};", ""])
+
+    disp = [banner, '#include "dispatch.h"', ""]
+    syms = sorted(set(gen) | {"cudaStreamSynchronize"})
+    for name in syms:
+        disp.append(f"static __typeof__({name}) *real_{name};")
+    disp.append("")
+    for name, f in sorted(gen.items()):
+        disp.append(proxy_dispatch_fn(f))
+    disp.append("const struct dispatch_entry dispatch_generated[RFN_count] = {")
+    for name in sorted(gen):
+        disp.append(f"    [RFN_{name}] = {{{c_str(name)}, d_{name}}},")
+    disp += ["};", "", "/* Resolves the real functions; returns the name of the first missing one, or NULL. */",
+             "const char *dispatch_resolve(void *cudart, void *nccl)", "{"]
+    for name in syms:
+        lib = "nccl" if name.startswith("nccl") else "cudart"
+        disp.append(f"    if ((real_{name} = (__typeof__({name}) *)proxy_sym({lib}, {c_str(name)})) == NULL)\n"
+                    f"        return {c_str(name)};")
+    disp += ["    return NULL;", "}", ""]
+    return {"remote_fns.h": "\n".join(fns), "remote_stubs.c": "\n".join(stubs), "remote.map": mapfile,
+            "proxy_dispatch.c": "\n".join(disp)}
+
+
+def header_names(text: str) -> set[str]:
+    """Every function name the CUDA runtime or NCCL header declares, parsed or not."""
+    names = set(re.findall(r"\bCUDARTAPI\s+(\w+)\s*\(", text))
+    names |= set(re.findall(r"\b(p?nccl[A-Z]\w*)\s*\(", text))
+    return names

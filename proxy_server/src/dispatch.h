@@ -1,0 +1,49 @@
+/* dispatch.h -- the proxy's half of the wire format, shared by the generated
+ * dispatch (build/gen/proxy_dispatch.c) and the hand-written one
+ * (special.c).  The worker's half is interpose/remote/marshal.c. */
+#ifndef JITCKPT_PROXY_DISPATCH_H
+#define JITCKPT_PROXY_DISPATCH_H
+
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "proxy.h"
+#include "remote_fns.h"
+
+/* The result of a call whose request does not parse: the worker sent
+ * something this proxy does not understand. */
+#define RD_BAD ((int32_t)cudaErrorInvalidValue)
+
+/* One call being executed: cursors into the request and the response. */
+struct rdisp {
+    struct jitckpt_wire *w;
+    unsigned char *arena;
+    size_t req, rep;
+    size_t req_len, arena_size;   /* read once: the worker can write the segment at any time */
+    int has_out;              /* a host_out buffer was given */
+};
+
+struct dispatch_entry {
+    const char *name;
+    int32_t (*fn)(struct rdisp *d);
+};
+
+extern const struct dispatch_entry dispatch_generated[RFN_count];
+const char *dispatch_resolve(void *cudart, void *nccl);
+int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled);
+const char *special_resolve(void *cudart);
+
+int rd_get(struct rdisp *d, void *p, size_t n);
+int rd_flag(struct rdisp *d);
+int rd_get_handle(struct rdisp *d, int kind, uint64_t *vid, void **real);
+int rd_get_string(struct rdisp *d, char **out);      /* a malloc'd copy, or NULL for NULL */
+int rd_host_in(struct rdisp *d, const void **p);
+int rd_host_out(struct rdisp *d, const void **p);
+int rd_has_out(struct rdisp *d);
+void rd_put(struct rdisp *d, const void *p, size_t n);
+void rd_put_new_handle(struct rdisp *d, int kind, void *real);
+void rd_put_string(struct rdisp *d, const char *s);
+
+#endif

@@ -1,0 +1,170 @@
+/* main.c -- jitckpt-proxy: options, start-up, and the one worker's life.
+ *
+ *   jitckpt-proxy --socket PATH [options] [-- PROGRAM ARGS...]
+ *
+ * With a PROGRAM the proxy spawns its worker itself (spawn mode): the child
+ * gets LD_PRELOAD=<the remote library> and JITCKPT_PROXY_SOCKET=PATH, only
+ * that child may attach, and the proxy exits with the child's status.
+ * Without one it waits for the worker given by --worker-pid (or, without
+ * that, the first process of its own uid that connects) and exits 0 when the
+ * worker disconnects.
+ *
+ * Options (each also an environment variable where named):
+ *   --socket PATH        the Unix socket to listen on (required)
+ *   --cudart PATH        the CUDA runtime to load    (JITCKPT_PROXY_CUDART)
+ *   --nccl PATH          NCCL                         (JITCKPT_PROXY_NCCL)
+ *   --preload PATH       spawn mode: the worker's interposer, default
+ *                        libjitckpt_remote.so next to this build (JITCKPT_PROXY_PRELOAD)
+ *   --worker-pid PID     only this process may attach
+ *   --arena-mib N        the bulk-data arena, default 64
+ *   --verbose            log every call on stderr */
+
+#include "dispatch.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+
+int proxy_verbose;
+
+void plog(const char *fmt, ...)
+{
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = snprintf(buf, sizeof buf, "jitckpt-proxy[%d]: ", (int)getpid());
+    vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", buf);
+}
+
+void pdebug(const char *fmt, ...)
+{
+    if (!proxy_verbose)
+        return;
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    plog("%s", buf);
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: jitckpt-proxy --socket PATH [--cudart PATH] [--nccl PATH] [--preload PATH]\n"
+                    "                     [--worker-pid PID] [--arena-mib N] [--verbose] [-- PROGRAM ARGS...]\n");
+    exit(2);
+}
+
+static void parse(int argc, char **argv, struct proxy_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->arena_bytes = JITCKPT_WIRE_DEFAULT_ARENA;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--") == 0) {
+            o->program = i + 1 < argc ? argv + i + 1 : NULL;
+            break;
+        }
+        if (strcmp(a, "--verbose") == 0) {
+            o->verbose = 1;
+            continue;
+        }
+        if (!v)
+            usage();
+        if (strcmp(a, "--socket") == 0)
+            o->socket_path = v;
+        else if (strcmp(a, "--cudart") == 0)
+            o->cudart_path = v;
+        else if (strcmp(a, "--nccl") == 0)
+            o->nccl_path = v;
+        else if (strcmp(a, "--preload") == 0)
+            o->preload_path = v;
+        else if (strcmp(a, "--worker-pid") == 0)
+            o->worker_pid = (pid_t)atoi(v);
+        else if (strcmp(a, "--arena-mib") == 0)
+            o->arena_bytes = (uint64_t)strtoull(v, NULL, 10) << 20;
+        else
+            usage();
+        i++;
+    }
+    if (!o->socket_path || o->arena_bytes == 0)
+        usage();
+}
+
+static pid_t spawn(const struct proxy_options *o)
+{
+    const char *preload = o->preload_path ? o->preload_path : getenv(PROXY_ENV_PRELOAD);
+    if (!preload || !*preload)
+        preload = default_sibling("../../interpose/build/libjitckpt_remote.so", "../interpose/libjitckpt_remote.so");
+    if (!preload) {
+        plog("no remote interposer found: pass --preload PATH to libjitckpt_remote.so");
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("LD_PRELOAD", preload, 1);
+        setenv(JITCKPT_PROXY_SOCKET_ENV, o->socket_path, 1);
+        execvp(o->program[0], o->program);
+        fprintf(stderr, "jitckpt-proxy: cannot run %s: %s\n", o->program[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
+int main(int argc, char **argv)
+{
+    struct proxy_options o;
+    parse(argc, argv, &o);
+    proxy_verbose = o.verbose;
+    signal(SIGPIPE, SIG_IGN);
+    if (libs_load(&o) != 0)
+        return 1;
+    const char *missing = dispatch_resolve(cudart, nccl);
+    if (!missing)
+        missing = special_resolve(cudart);
+    if (missing) {
+        plog("the CUDA runtime lacks %s", missing);
+        return 1;
+    }
+    int segfd;
+    struct jitckpt_wire *w = segment_create(o.arena_bytes, &segfd);
+    if (!w)
+        return 1;
+    int listener = listen_socket(o.socket_path);
+    if (listener < 0)
+        return 1;
+    pid_t child = 0, expected = o.worker_pid;
+    if (o.program) {
+        child = spawn(&o);
+        if (child < 0)
+            return 1;
+        expected = child;
+    }
+    int status = 0;
+    int sock = accept_worker(listener, o.socket_path, &expected, segfd, w->segment_size, child, &status);
+    close(segfd);
+    if (sock == -2)                     /* the program ran no CUDA call, or failed to start */
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (sock < 0)
+        return 1;
+    int rc = serve(sock, w);
+    close(sock);
+    pdebug("worker pid %d disconnected", (int)expected);
+    if (child > 0) {
+        while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+            ;
+        if (WIFEXITED(status))
+            return WEXITSTATUS(status);
+        return 128 + WTERMSIG(status);
+    }
+    return rc == 0 ? 0 : 1;
+}

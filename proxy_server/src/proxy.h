@@ -1,0 +1,63 @@
+/* proxy.h -- internal declarations of jitckpt-proxy, the device proxy of
+ * transparent mode (../README.md).
+ *
+ * One proxy serves one worker.  It loads the CUDA runtime and NCCL at run
+ * time (libs.c), creates the shared segment (segment.c), accepts its worker
+ * on a Unix socket after checking the peer's credentials (listen.c), and
+ * executes the calls the worker sends (serve.c) through the generated
+ * dispatch (build/gen/proxy_dispatch.c) and the hand-written one
+ * (special.c), translating virtual handles (handles.c).  Single-threaded:
+ * every call runs on the main thread, in the order the worker sent it. */
+#ifndef JITCKPT_PROXY_H
+#define JITCKPT_PROXY_H
+
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "jitckpt_remote_wire.h"
+
+/* Environment variables (each also a command-line option; see main.c). */
+#define PROXY_ENV_CUDART "JITCKPT_PROXY_CUDART"
+#define PROXY_ENV_NCCL "JITCKPT_PROXY_NCCL"
+#define PROXY_ENV_PRELOAD "JITCKPT_PROXY_PRELOAD"
+
+struct proxy_options {
+    const char *socket_path;
+    const char *cudart_path;       /* NULL: the default (libs.c) */
+    const char *nccl_path;
+    const char *preload_path;      /* spawn mode: the worker's LD_PRELOAD */
+    pid_t worker_pid;              /* 0: the spawned child, or (no program) any pid */
+    uint64_t arena_bytes;
+    char **program;                /* spawn mode: argv of the worker, or NULL */
+    int verbose;
+};
+
+void plog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void pdebug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+extern int proxy_verbose;
+
+/* libs.c */
+int libs_load(const struct proxy_options *o);
+void *proxy_sym(void *lib, const char *name);
+extern void *cudart, *nccl;
+const char *default_sibling(const char *relative_to_exe_dir_1, const char *relative_to_exe_dir_2);
+
+/* segment.c */
+struct jitckpt_wire *segment_create(uint64_t arena_bytes, int *fd);
+
+/* listen.c */
+int listen_socket(const char *path);
+int accept_worker(int listener, const char *path, pid_t *expected, int segfd, uint64_t segsize, pid_t child,
+                  int *child_status);
+
+/* serve.c */
+int serve(int sock, struct jitckpt_wire *w);
+
+/* handles.c */
+uint64_t vh_insert(int kind, void *real);
+int vh_lookup(int kind, uint64_t vid, void **real);
+void vh_forget(int kind, uint64_t vid);
+
+#endif

@@ -1,0 +1,105 @@
+/* rdisp.c -- the proxy's half of the wire format (jitckpt_remote_wire.h):
+ * arguments out of the request, host buffers in the arena, results into the
+ * response.  Every read is bounds-checked: a malformed request fails its
+ * call, never the proxy. */
+
+#include "dispatch.h"
+
+#include <stdlib.h>
+
+
+int rd_get(struct rdisp *d, void *p, size_t n)
+{
+    if (d->req + n > d->req_len)
+        return -1;
+    memcpy(p, d->w->req + d->req, n);
+    d->req += n;
+    return 0;
+}
+
+int rd_flag(struct rdisp *d)
+{
+    unsigned char b = 0;
+    return rd_get(d, &b, 1) == 0 && b;
+}
+
+int rd_get_handle(struct rdisp *d, int kind, uint64_t *vid, void **real)
+{
+    if (rd_get(d, vid, sizeof *vid) != 0)
+        return -1;
+    return vh_lookup(kind, *vid, real);
+}
+
+int rd_get_string(struct rdisp *d, char **out)
+{
+    uint32_t n;
+    *out = NULL;
+    if (rd_get(d, &n, sizeof n) != 0)
+        return -1;
+    if (n == UINT32_MAX)
+        return 0;
+    if (d->req + n > d->req_len)
+        return -1;
+    char *s = malloc((size_t)n + 1);
+    if (!s)
+        return -1;
+    memcpy(s, d->w->req + d->req, n);
+    s[n] = '\0';
+    d->req += n;
+    *out = s;
+    return 0;
+}
+
+/* A host buffer: size and arena offset.  Size 0: the pointer crosses unchanged. */
+static int host_buffer(struct rdisp *d, const void **p)
+{
+    uint64_t n, off;
+    if (rd_get(d, &n, sizeof n) != 0 || rd_get(d, &off, sizeof off) != 0)
+        return -1;
+    if (n == 0)
+        return 0;
+    if (off > d->arena_size || n > d->arena_size - off)
+        return -1;
+    *p = d->arena + off;
+    return 1;
+}
+
+int rd_host_in(struct rdisp *d, const void **p)
+{
+    return host_buffer(d, p) < 0 ? -1 : 0;
+}
+
+int rd_host_out(struct rdisp *d, const void **p)
+{
+    int r = host_buffer(d, p);
+    if (r > 0)
+        d->has_out = 1;
+    return r < 0 ? -1 : 0;
+}
+
+int rd_has_out(struct rdisp *d)
+{
+    return d->has_out;
+}
+
+void rd_put(struct rdisp *d, const void *p, size_t n)
+{
+    if (d->rep + n > JITCKPT_WIRE_REP_MAX)
+        return;                               /* the worker then finds the output missing */
+    memcpy(d->w->rep + d->rep, p, n);
+    d->rep += n;
+}
+
+void rd_put_new_handle(struct rdisp *d, int kind, void *real)
+{
+    uint64_t vid = real != NULL ? vh_insert(kind, real) : 0;
+    rd_put(d, &vid, sizeof vid);
+}
+
+void rd_put_string(struct rdisp *d, const char *s)
+{
+    uint32_t n = s ? (uint32_t)strlen(s) : UINT32_MAX;
+    rd_put(d, &n, sizeof n);
+    if (s)
+        rd_put(d, s, n);
+}
