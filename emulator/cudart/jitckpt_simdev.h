@@ -52,6 +52,18 @@ cudaError_t jitckpt_simdev_check_range(const void *ptr, size_t bytes);
 cudaError_t jitckpt_simdev_malloc(void **ptr, size_t bytes);
 cudaError_t jitckpt_simdev_free(void *ptr);
 
+/* Transparent mode's device proxy (proxy_server/README.md, "Device
+ * pointers"): reserve one address range for device memory (no memory is
+ * committed; one range per process), and allocate device memory on the
+ * current device at an exact, page-aligned address -- inside the range, or
+ * anywhere nothing is mapped (MAP_FIXED_NOREPLACE).  The allocation is an
+ * ordinary one afterwards: cudaFree/jitckpt_simdev_free release it (inside
+ * the range, its pages are unmapped and the addresses stay reserved).
+ * cudaErrorInvalidValue for a bad or occupied address, cudaErrorMemoryAllocation
+ * when the device is full or the address cannot be mapped. */
+cudaError_t jitckpt_simdev_reserve(void *base, size_t bytes);
+cudaError_t jitckpt_simdev_malloc_at(void *addr, size_t bytes);
+
 /* Inside a stream worker: nonzero once the op should give up because its
  * device was reset or failed. */
 int jitckpt_simdev_worker_should_stop(void);

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "jitckpt_simdev.h"
 #include "simdev.h"
 
 #define ALIGNMENT 256
@@ -23,6 +24,7 @@ struct entry {
     int mmapped;
     size_t storage_len;         /* length of the mapping, if mmapped */
     size_t charged;             /* bytes counted against the device capacity */
+    int reserved;               /* inside the reserved range: freeing maps PROT_NONE back */
 };
 
 static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -86,7 +88,10 @@ static void free_storage(const struct entry *e)
 {
     if (!e->owned)
         return;
-    if (e->mmapped)
+    if (e->reserved)            /* give the pages back, keep the address range reserved */
+        mmap((void *)e->a.base, e->storage_len, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    else if (e->mmapped)
         munmap((void *)e->a.base, e->storage_len);
     else
         free((void *)e->a.base);
@@ -493,4 +498,107 @@ cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
 cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
 {
     return simdev_free_async(devPtr, hStream, 0);
+}
+
+/* ---- allocation at an address (jitckpt_simdev.h) -------------------------
+ *
+ * For transparent mode's device proxy (proxy_server/README.md, "Device
+ * pointers"): a restarted proxy re-creates every allocation of the one it
+ * replaces at the same address, so that device pointers kept by the program
+ * (in host variables, kernel arguments, or device memory itself) stay valid.
+ * The proxy reserves one address range (PROT_NONE, MAP_NORESERVE: no memory)
+ * and places every allocation in it; an allocation maps its pages over the
+ * reservation with MAP_FIXED (the range is ours), and freeing it maps
+ * PROT_NONE back, so the range stays reserved.  An address outside the
+ * reservation is mapped with MAP_FIXED_NOREPLACE: it fails rather than
+ * replace anything.  Capacity checks and the allocation table are the same as
+ * cudaMalloc's, so copies, cudaPointerGetAttributes and cudaFree work on these
+ * allocations unchanged. */
+
+#ifndef MAP_FIXED_NOREPLACE
+#define MAP_FIXED_NOREPLACE 0x100000
+#endif
+
+static uintptr_t reserved_base;
+static size_t reserved_len;
+
+cudaError_t jitckpt_simdev_reserve(void *base, size_t bytes)
+{
+    simdev_init();
+    if (!base || ((uintptr_t)base & 4095) || bytes == 0 || (bytes & 4095))
+        return cudaErrorInvalidValue;
+    pthread_mutex_lock(&mem_lock);
+    int busy = reserved_len != 0;
+    pthread_mutex_unlock(&mem_lock);
+    if (busy)
+        return cudaErrorInvalidValue;      /* one range per process */
+    void *p = mmap(base, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        return cudaErrorMemoryAllocation;
+    if (p != base) {                       /* a kernel older than 4.17 took the address as a hint */
+        munmap(p, bytes);
+        return cudaErrorMemoryAllocation;
+    }
+    pthread_mutex_lock(&mem_lock);
+    reserved_base = (uintptr_t)base;
+    reserved_len = bytes;
+    pthread_mutex_unlock(&mem_lock);
+    return cudaSuccess;
+}
+
+cudaError_t jitckpt_simdev_malloc_at(void *addr, size_t bytes)
+{
+    simdev_init();
+    int device = simdev_current_device();
+    if (!simdev_valid_device(device))
+        return cudaErrorNoDevice;
+    cudaError_t err = __atomic_load_n(&simdev_devices[device].fatal, __ATOMIC_ACQUIRE);
+    if (err != cudaSuccess)
+        return err;
+    uintptr_t a = (uintptr_t)addr;
+    if (!addr || (a & 4095) || bytes == 0)
+        return cudaErrorInvalidValue;
+    struct entry e;
+    memset(&e, 0, sizeof e);
+    e.a.base = a;
+    e.a.kind = SIMDEV_MEM_DEVICE;
+    e.a.device = device;
+    e.a.size = bytes;
+    e.owned = 1;
+    e.mmapped = 1;
+    e.storage_len = round_up(bytes, 4096);
+    e.charged = round_up(bytes, ALIGNMENT);
+
+    pthread_mutex_lock(&mem_lock);
+    size_t i = upper_bound(a + e.storage_len - 1);
+    int overlaps = i > 0 && table[i - 1].a.base + (table[i - 1].a.size ? table[i - 1].a.size : 1) > a;
+    e.reserved = reserved_len && a >= reserved_base && a + e.storage_len <= reserved_base + reserved_len;
+    if (overlaps || used[device] + e.charged > simdev_config.memory_bytes) {
+        pthread_mutex_unlock(&mem_lock);
+        simdev_trace("allocation of %zu bytes at %p on device %d fails: %s", bytes, addr, device,
+                     overlaps ? "another allocation is there" : "the device is full (JITCKPT_SIMDEV_MEMORY)");
+        return overlaps ? cudaErrorInvalidValue : cudaErrorMemoryAllocation;
+    }
+    used[device] += e.charged;
+    pthread_mutex_unlock(&mem_lock);
+
+    void *p = mmap(addr, e.storage_len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | (e.reserved ? MAP_FIXED : MAP_FIXED_NOREPLACE),
+                   -1, 0);
+    int ok = p == addr;
+    if (p != MAP_FAILED && !ok)
+        munmap(p, e.storage_len);
+    pthread_mutex_lock(&mem_lock);
+    if (ok)
+        ok = insert_locked(&e);
+    if (!ok)
+        used[device] -= e.charged;
+    pthread_mutex_unlock(&mem_lock);
+    if (!ok) {
+        if (p == addr)
+            free_storage(&e);
+        return cudaErrorMemoryAllocation;
+    }
+    return cudaSuccess;
 }

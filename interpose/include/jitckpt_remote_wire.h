@@ -4,11 +4,21 @@
  * One shared-memory segment per worker, created by the proxy (memfd) and
  * handed to its one worker over the proxy's Unix socket (SCM_RIGHTS), after
  * the proxy checked the peer's credentials (SO_PEERCRED).  The segment holds
- * one call record (request and response areas) and the bulk-data arena that
- * carries host bytes: H2D sources, D2H destinations, fatbinary images and
- * kernel arguments.  The socket stays open as the doorbell: the worker writes
- * one byte when a request is ready, the proxy one byte when the response is;
- * end-of-file on either side means the other process is gone.
+ * a header, the request ring, and the bulk-data arena that carries host
+ * bytes (H2D sources, D2H destinations, fatbinary images).  The socket stays
+ * open for liveness only: end-of-file on either side means the other process
+ * is gone.
+ *
+ * Every call is a record appended to the request ring (single producer: the
+ * worker, under its one call lock; single consumer: the proxy's one thread),
+ * executed by the proxy in ring order.  An asynchronous call (generated
+ * table remote_fn_async) returns as soon as its record is appended; a
+ * synchronous one (flag JITCKPT_REC_SYNC) waits until the proxy has executed
+ * it, and so everything before it, and reads its answer from the response
+ * area.  Doorbells are futex words in the header, used only when the other
+ * side is asleep.  The arena is a ring too: a record names the arena position
+ * its call used up to, and the proxy releases the arena up to there once the
+ * record is executed; a full ring or arena makes the worker wait (back-pressure).
  *
  * A request is the function id (enum remote_fn, generated) and its arguments
  * marshalled in parameter order as tools/gen_interpose.py describes them:
@@ -22,10 +32,13 @@
 #include <stdint.h>
 
 #define JITCKPT_WIRE_MAGIC 0x4a4b5057u       /* "WPKJ" */
-#define JITCKPT_WIRE_VERSION 1u
+#define JITCKPT_WIRE_VERSION 2u
 #define JITCKPT_WIRE_REQ_MAX (64u * 1024u)
 #define JITCKPT_WIRE_REP_MAX (64u * 1024u)
 #define JITCKPT_WIRE_DEFAULT_ARENA (64ull << 20)
+#define JITCKPT_WIRE_DEFAULT_RING (2ull << 20)
+/* The smallest ring: two records of the largest request (one may be skipped at the wrap). */
+#define JITCKPT_WIRE_MIN_RING (2ull * (JITCKPT_WIRE_REQ_MAX + 4096))
 
 /* The environment variable that names the proxy's socket in the worker. */
 #define JITCKPT_PROXY_SOCKET_ENV "JITCKPT_PROXY_SOCKET"
@@ -61,18 +74,45 @@ struct jitckpt_wire_hello {
     int32_t status;              /* 0: accepted; the fd comes with it */
 };
 
+/* One record of the request ring: this header, then req_len bytes of request;
+ * len (a multiple of 8) covers both.  len 0: the rest of the ring up to its
+ * end is unused, the next record is at the ring's start. */
+struct jitckpt_ring_rec {
+    uint32_t len;
+    uint32_t fn;                 /* enum remote_fn */
+    uint32_t req_len;
+    uint32_t flags;              /* JITCKPT_REC_SYNC */
+    uint64_t arena_end;          /* the arena position (monotonic) this call used up to */
+};
+#define JITCKPT_REC_SYNC 1u      /* the worker waits for this record's answer */
+
+#define JITCKPT_WIRE_LINE __attribute__((aligned(64)))
+
 struct jitckpt_wire {
     uint32_t magic;
     uint32_t version;
     uint64_t segment_size;
     uint64_t arena_offset;       /* from the start of the segment, page-aligned */
     uint64_t arena_size;
-    /* the call record */
-    uint32_t fn;                 /* enum remote_fn */
-    uint32_t req_len;
+    uint64_t ring_offset;        /* from the start of the segment, page-aligned */
+    uint64_t ring_size;
+    /* Written by the worker (positions are monotonic byte counts; offset = position % size). */
+    JITCKPT_WIRE_LINE uint64_t ring_head;      /* end of the last record appended */
+    uint32_t proxy_sleeping;                   /* written by both: 1 while the proxy may sleep on proxy_wake */
+    uint32_t proxy_wake;                       /* futex: bumped by the worker to wake the proxy */
+    /* Written by the proxy. */
+    JITCKPT_WIRE_LINE uint64_t ring_tail;      /* end of the last record executed */
+    uint64_t arena_tail;                       /* arena released up to here */
+    uint64_t worker_waits_for;                 /* written by the worker: a ring_tail it sleeps for, or 0 */
+    uint32_t worker_wake;                      /* futex: bumped by the proxy to wake the worker */
+    /* The answer to the last synchronous record (valid once ring_tail passed it). */
     int32_t ret;                 /* cudaError_t, ncclResult_t, or a hand-written result */
     uint32_t rep_len;
-    unsigned char req[JITCKPT_WIRE_REQ_MAX];
+    /* The worker's staging area for the call being marshalled (copied into the
+     * ring when the call is made; never read by the proxy). */
+    uint32_t fn;                 /* enum remote_fn */
+    uint32_t req_len;
+    JITCKPT_WIRE_LINE unsigned char req[JITCKPT_WIRE_REQ_MAX];
     unsigned char rep[JITCKPT_WIRE_REP_MAX];
 };
 

@@ -2,27 +2,71 @@
  *
  * At the first CUDA call the library connects to the Unix socket named by
  * JITCKPT_PROXY_SOCKET, receives the hello and the segment's file
- * descriptor (SCM_RIGHTS), maps the segment, and keeps the socket as the
- * doorbell.  A call: fill the request (marshal.c), write one byte, read one
- * byte, read the response.  A proxy that is gone (end-of-file) makes every
- * later call fail with cudaErrorDevicesUnavailable, said once on stderr. */
+ * descriptor (SCM_RIGHTS), maps the segment, and keeps the socket to learn
+ * that the proxy is gone (end-of-file).
+ *
+ * A call is marshalled into the staging area (marshal.c), then appended to
+ * the request ring as one record.  An asynchronous call (remote_fn_async,
+ * generated from api_facts.py's remote_async column) returns at once; a
+ * synchronous one, and an asynchronous one that needs bytes back (a copy into
+ * host memory), waits until the proxy has executed its record -- and so every
+ * record before it -- and reads the answer.  Host bytes go into the arena,
+ * allocated as a ring (wraparound; a call waits while the arena is full).
+ *
+ * Waiting: a short bounded spin, then a futex on worker_wake, which the
+ * proxy bumps when ring_tail reaches worker_waits_for.  The proxy is woken
+ * through proxy_wake only when it said it may sleep (proxy_sleeping), so a
+ * burst of asynchronous calls costs no system call while the proxy is busy.
+ *
+ * Threads: one call lock serialises every call of every thread of the
+ * worker, so the ring holds the calls in the order the program made them:
+ * per-stream order is exact, and so is the order across threads (an event
+ * recorded by one thread before another waits on it).  An uncontended lock
+ * costs ~20 ns; one ring per thread would need cross-ring ordering for
+ * events and the legacy stream, which the lock gives for free.
+ *
+ * A child forked from the worker has no proxy (fork_child below).
+ *
+ * Errors of asynchronous calls: the proxy keeps the first one and returns it
+ * from the next synchronous call (proxy_server/src/serve.c).  A proxy that
+ * is gone makes every later call fail with cudaErrorDevicesUnavailable,
+ * said once on stderr. */
 
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "remote.h"
 
 static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int lock_held;         /* this thread holds call_lock (between remote_begin and remote_end) */
 static struct jitckpt_wire *wire;
+static unsigned char *ring;
+static uint64_t ring_size, arena_size, segment_size;
 static int sock = -1;
 static int dead;              /* 1: no proxy (never connected, or gone) */
 static int said_dead;
+static int forked_child;      /* this process is a child forked from the worker (fork_child) */
+
+#define SPIN_NS 5000          /* the bounded spin before sleeping on the futex */
+#define CHECK_ALIVE_MS 100    /* how often a sleeping worker checks that the proxy is there */
+
+/* The proxy-restart side (restart.c, milestone 2b), when built in: weak, so
+ * that the transport links and works without it. */
+#pragma weak remote_restart_connected
+#pragma weak remote_restart_proxy_lost
+#pragma weak remote_restart_count_call
+void remote_restart_connected(pid_t proxy_pid);
+void remote_restart_proxy_lost(void);
+void remote_restart_count_call(struct rcall *c);
 
 static int fail(const char *what)
 {
@@ -30,6 +74,17 @@ static int fail(const char *what)
     said_dead = 1;
     dead = 1;
     return -1;
+}
+
+static void gone(void)
+{
+    if (remote_restart_proxy_lost)
+        remote_restart_proxy_lost();            /* may restart the proxy and stop the process */
+    dead = 1;
+    if (!said_dead) {
+        said_dead = 1;
+        rlog("the device proxy is gone; every CUDA call will fail with cudaErrorDevicesUnavailable");
+    }
 }
 
 static int connect_proxy(void)
@@ -72,9 +127,170 @@ static int connect_proxy(void)
         close(fd);
         return fail("cannot map the shared segment");
     }
-    wire = p;
+    struct jitckpt_wire *w = p;
+    if (w->ring_size < JITCKPT_WIRE_MIN_RING || w->ring_offset + w->ring_size > hello.segment_size ||
+        w->arena_offset + w->arena_size > hello.segment_size) {
+        munmap(p, hello.segment_size);
+        close(fd);
+        return fail("the proxy's segment has an unexpected layout");
+    }
+    ring = (unsigned char *)p + w->ring_offset;
+    ring_size = w->ring_size;
+    arena_size = w->arena_size;
+    segment_size = hello.segment_size;
+    wire = w;
     sock = fd;
+    if (remote_restart_connected)
+        remote_restart_connected(hello.proxy_pid);
     return 0;
+}
+
+/* ---- waiting ------------------------------------------------------------------------- */
+
+static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *timeout)
+{
+    return syscall(SYS_futex, addr, op, val, timeout, NULL, 0);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+/* End-of-file on the socket: the proxy never writes to it after the hello. */
+static int proxy_alive(void)
+{
+    char b;
+    ssize_t n = recv(sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+}
+
+static uint64_t tail(void)
+{
+    return __atomic_load_n(&wire->ring_tail, __ATOMIC_ACQUIRE);
+}
+
+/* Wakes the proxy if it said it may be asleep. */
+static void ring_doorbell(void)
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&wire->proxy_sleeping, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&wire->proxy_sleeping, 0, __ATOMIC_SEQ_CST);
+        __atomic_add_fetch(&wire->proxy_wake, 1, __ATOMIC_SEQ_CST);
+        futex(&wire->proxy_wake, FUTEX_WAKE, 1, NULL);
+    }
+}
+
+/* Waits until the proxy has executed the ring up to position `until`; -1 if it is gone.
+ * spin: spin a little first (waiting for an answer, which usually comes soon);
+ * back-pressure waits for a good part of the ring and sleeps at once, leaving
+ * the CPU to the proxy. */
+static int wait_tail(uint64_t until, int spin)
+{
+    if (tail() >= until)
+        return 0;
+    ring_doorbell();                       /* the record we wait for may not have woken it yet */
+    /* Spin briefly (an answer usually comes within a microsecond), then sleep:
+     * a longer spin costs more than it saves when both processes share a
+     * core, as on a loaded 2-core machine. */
+    uint64_t start = now_ns(), spent = 0;
+    while (spin && spent < SPIN_NS) {
+        for (int i = 0; i < 64; i++) {
+            if (tail() >= until)
+                return 0;
+            cpu_relax();
+        }
+        spent = now_ns() - start;
+    }
+    for (;;) {
+        uint32_t seq = __atomic_load_n(&wire->worker_wake, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&wire->worker_waits_for, until, __ATOMIC_SEQ_CST);
+        if (tail() >= until)
+            break;
+        struct timespec t = {0, CHECK_ALIVE_MS * 1000000L};
+        long r = futex(&wire->worker_wake, FUTEX_WAIT, seq, &t);
+        if (tail() >= until)
+            break;
+        if (r != 0 && errno == ETIMEDOUT && !proxy_alive()) {
+            __atomic_store_n(&wire->worker_waits_for, 0, __ATOMIC_SEQ_CST);
+            gone();
+            return -1;
+        }
+    }
+    __atomic_store_n(&wire->worker_waits_for, 0, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+/* ---- the arena: a ring of host bytes ------------------------------------------------ */
+
+static uint64_t arena_head;        /* under the call lock: bytes handed out (monotonic) */
+static uint64_t ring_head;         /* under the call lock: the worker's copy of wire->ring_head */
+
+/* n bytes for the call being marshalled (8-byte aligned, never split by the
+ * wrap); waits while the arena is full.  NULL if the call's bytes cannot fit
+ * in the arena at all (the call is then not sent).  A call's first buffer may
+ * wait for the whole arena to be released and start at its beginning, so one
+ * buffer can be as large as the arena. */
+void *remote_arena_alloc(struct rcall *c, size_t n, uint64_t *offset)
+{
+    uint64_t pos = (arena_head + 7) & ~7ull;
+    uint64_t off = pos % arena_size;
+    if (off + n > arena_size) {                 /* wrap: skip the end of the arena */
+        pos += arena_size - off;
+        off = 0;
+    }
+    int first = !c->arena_started;
+    uint64_t start = first ? arena_head : c->arena_start;
+    if (n > arena_size || (!first && pos + n - start > arena_size))
+        return NULL;                            /* more than the whole arena for one call */
+    /* The proxy releases the arena up to the arena_end of each record it executed:
+     * at worst everything before this call. */
+    for (;;) {
+        uint64_t at = __atomic_load_n(&wire->arena_tail, __ATOMIC_ACQUIRE);
+        if (pos + n - at <= arena_size)
+            break;
+        if (first && at == arena_head) {        /* all released: the whole arena is free */
+            if (off != 0 && off + n > arena_size - 8) {
+                pos += arena_size - off;
+                off = 0;
+            }
+            start = pos;
+            break;
+        }
+        /* Full: wait for a quarter of the ring's records (or all of them) to be done,
+         * not for one, so that the proxy does not wake this thread per record. */
+        uint64_t t = tail(), quarter = t + ring_size / 4;
+        if (wait_tail(quarter < ring_head ? quarter : ring_head, 0) != 0)
+            return NULL;
+    }
+    c->arena_started = 1;
+    c->arena_start = start;
+    arena_head = pos + n;
+    c->arena_used = pos + n;
+    *offset = off;
+    return (unsigned char *)wire + wire->arena_offset + off;
+}
+
+/* ---- the call ------------------------------------------------------------------------ */
+
+/* Starts a call with the call lock already held (restart.c). */
+void remote_begin_locked(struct rcall *c, unsigned fn)
+{
+    memset(c, 0, sizeof *c);
+    c->w = wire;
+    c->arena = (unsigned char *)wire + wire->arena_offset;
+    wire->fn = fn;
 }
 
 int remote_begin(struct rcall *c, unsigned fn)
@@ -83,44 +299,149 @@ int remote_begin(struct rcall *c, unsigned fn)
     if (wire == NULL && !dead)
         connect_proxy();
     if (dead) {
+        if (forked_child && !said_dead) {
+            said_dead = 1;
+            rlog("a process forked from a CUDA program has no device proxy: its CUDA calls fail with "
+                 "cudaErrorDevicesUnavailable");
+        }
         pthread_mutex_unlock(&call_lock);
         return -1;
     }
-    memset(c, 0, sizeof *c);
-    c->w = wire;
-    c->arena = (unsigned char *)wire + wire->arena_offset;
-    wire->fn = fn;
+    lock_held = 1;
+    remote_begin_locked(c, fn);
+    if (remote_restart_count_call)
+        remote_restart_count_call(c);
     return 0;
+}
+
+/* Drops the connection and the segment, and connects to the proxy now
+ * listening on the socket (restart.c, under the call lock): a new segment,
+ * an empty ring and arena.  0, or -1 (said). */
+int remote_reconnect(void)
+{
+    if (wire)
+        munmap(wire, segment_size);
+    if (sock >= 0)
+        close(sock);
+    wire = NULL;
+    ring = NULL;
+    sock = -1;
+    ring_head = arena_head = 0;
+    dead = said_dead = 0;
+    return connect_proxy();
+}
+
+/* Appends the staged call as one record; returns the ring position after it, or 0 if the proxy is gone. */
+static uint64_t append(struct rcall *c, uint32_t flags)
+{
+    size_t len = (sizeof(struct jitckpt_ring_rec) + c->req + 7) & ~(size_t)7;
+    uint64_t pos = ring_head, off = pos % ring_size;
+    int wrap = off + len > ring_size;
+    uint64_t need = (wrap ? ring_size - off : 0) + len;
+    if (pos + need - tail() > ring_size) {
+        /* Full: wait until a quarter of the ring is free (hysteresis, as for the arena). */
+        uint64_t until = pos + need - ring_size + ring_size / 4;
+        if (wait_tail(until < pos ? until : pos, 0) != 0)
+            return 0;
+    }
+    if (wrap) {
+        uint32_t zero = 0;                      /* "continue at the ring's start" */
+        memcpy(ring + off, &zero, sizeof zero);
+        pos += ring_size - off;
+        off = 0;
+    }
+    /* Every arena byte handed out so far belongs to this call or an earlier one. */
+    struct jitckpt_ring_rec rec = {(uint32_t)len, c->w->fn, (uint32_t)c->req, flags, arena_head};
+    memcpy(ring + off, &rec, sizeof rec);
+    memcpy(ring + off + sizeof rec, c->w->req, c->req);
+    ring_head = pos + len;
+    __atomic_store_n(&wire->ring_head, ring_head, __ATOMIC_RELEASE);
+    ring_doorbell();
+    return ring_head;
 }
 
 int32_t remote_call(struct rcall *c)
 {
+    if (dead)
+        return c->ret = cudaErrorDevicesUnavailable;
     if (c->overflow) {
         rlog("a call's arguments exceed the shared segment (request %u bytes, arena %llu bytes): not sent",
-             JITCKPT_WIRE_REQ_MAX, (unsigned long long)c->w->arena_size);
+             JITCKPT_WIRE_REQ_MAX, (unsigned long long)arena_size);
         return c->ret = cudaErrorNotSupported;
     }
-    c->w->req_len = (uint32_t)c->req;
-    char b = 'c';
-    if (write(sock, &b, 1) != 1 || read(sock, &b, 1) != 1) {
-        dead = 1;
-        if (!said_dead) {
-            said_dead = 1;
-            rlog("the device proxy is gone; every CUDA call will fail with cudaErrorDevicesUnavailable");
-        }
+    unsigned fn = c->w->fn;
+    int async = fn < RFN_count && remote_fn_async[fn] && !c->has_out && !remote_sync_all;
+    uint64_t end = append(c, async ? 0 : JITCKPT_REC_SYNC);
+    if (end == 0)
         return c->ret = cudaErrorDevicesUnavailable;
-    }
+    if (async)
+        return c->ret = 0;                      /* cudaSuccess, ncclSuccess: its error comes later */
+    if (wait_tail(end, 1) != 0)
+        return c->ret = cudaErrorDevicesUnavailable;
     c->rep = 0;
-    return c->ret = c->w->ret;
+    return c->ret = wire->ret;
 }
 
 void remote_end(struct rcall *c)
 {
     (void)c;
+    lock_held = 0;
     pthread_mutex_unlock(&call_lock);
 }
 
 cudaError_t remote_unavailable(void)
 {
     return cudaErrorDevicesUnavailable;
+}
+
+/* fork(): the child must not append to its parent's ring (the single producer
+ * is the parent, under its lock), nor keep the parent's socket open (the
+ * proxy would not see its worker go).  The child's calls fail with
+ * cudaErrorDevicesUnavailable, said at its first call (a child that only
+ * execs says nothing), as CUDA fails in a child forked after initialisation.
+ * The lock is taken around fork() so that the child's copy is not held by a
+ * thread that does not exist there -- unless the forking thread holds it
+ * already (restart.c starts a new proxy under the call lock). */
+static int prepare_locked;
+
+static void fork_prepare(void)
+{
+    prepare_locked = !lock_held;
+    if (prepare_locked)
+        pthread_mutex_lock(&call_lock);
+}
+
+static void fork_parent(void)
+{
+    if (prepare_locked)
+        pthread_mutex_unlock(&call_lock);
+}
+
+static void fork_child(void)
+{
+    if (wire != NULL) {
+        munmap(wire, segment_size);
+        wire = NULL;
+        ring = NULL;
+        if (sock >= 0)
+            close(sock);
+        sock = -1;
+        dead = 1;
+        said_dead = 0;
+        forked_child = 1;
+    }
+    pthread_mutex_init(&call_lock, NULL);       /* one thread here: a fresh lock, held as the parent's was */
+    if (lock_held)
+        pthread_mutex_lock(&call_lock);
+}
+
+/* JITCKPT_REMOTE_SYNC=1: every call waits for its answer (milestone 1's behaviour;
+ * for debugging: an asynchronous call's error is then returned by the call itself). */
+int remote_sync_all;
+
+__attribute__((constructor)) static void read_switches(void)
+{
+    const char *s = getenv("JITCKPT_REMOTE_SYNC");
+    remote_sync_all = s != NULL && *s != '\0' && strcmp(s, "0") != 0;
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
 }

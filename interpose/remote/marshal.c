@@ -37,32 +37,32 @@ void rc_put_string(struct rcall *c, const char *s)
         rc_put(c, s, n);
 }
 
-/* Reserves n bytes of the arena (8-byte aligned); writes size and offset. */
-static void *reserve(struct rcall *c, size_t n)
+/* Reserves n bytes of the arena (client.c: a ring, 8-byte aligned); writes size and offset. */
+static void *reserve(struct rcall *c, size_t n, int out)
 {
-    uint64_t size = n, off = (c->arena_used + 7) & ~(size_t)7;
-    if (n && off + n > c->w->arena_size) {
+    uint64_t size = n, off = 0;
+    void *p = NULL;
+    if (n && (p = remote_arena_alloc(c, n, &off)) == NULL) {
         c->overflow = 1;
         size = 0;
     }
     rc_put(c, &size, sizeof size);
     rc_put(c, &off, sizeof off);
-    if (!size)
-        return NULL;
-    c->arena_used = off + n;
-    return c->arena + off;
+    if (p && out)
+        c->has_out = 1;
+    return p;
 }
 
 void rc_put_in(struct rcall *c, const void *p, size_t n)
 {
-    void *to = reserve(c, n);
+    void *to = reserve(c, n, 0);
     if (to)
         memcpy(to, p, n);
 }
 
 void *rc_put_out(struct rcall *c, size_t n)
 {
-    return reserve(c, n);
+    return reserve(c, n, 1);
 }
 
 void rc_get_out(struct rcall *c, void *dst, const void *from, size_t n)

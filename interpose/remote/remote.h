@@ -4,14 +4,16 @@
  * The library is LD_PRELOADed instead of the passthrough library.  It
  * exports every CUDA runtime and NCCL function of the API: the generated
  * stubs (build/gen-remote/remote_stubs.c) marshal a call into the shared
- * segment and wait for the proxy's answer; the hand-written ones (special.c)
+ * segment's request ring and, unless it is asynchronous, wait for the
+ * proxy's answer (client.c); the hand-written ones (special.c)
  * cover nvcc's hidden registration and launch entry points and pinned host
  * memory; every function it cannot marshal yet is refused by name
  * (refuse.c).  Nothing here ever calls the real runtime's stateful
  * functions: the worker holds no device state.
  *
- * Concurrency: one call is in flight at a time; remote_begin() takes the
- * library's one mutex and remote_end() releases it. */
+ * Concurrency: remote_begin() takes the library's one call lock and
+ * remote_end() releases it; calls reach the proxy through the request ring
+ * in the order they were made (client.c). */
 #ifndef JITCKPT_REMOTE_H
 #define JITCKPT_REMOTE_H
 
@@ -33,6 +35,9 @@ struct rcall {
     unsigned char *arena;
     size_t req, rep, arena_used;
     int overflow;             /* a request or arena overflow: the call is not sent */
+    int has_out;              /* host bytes come back: the call waits for its answer */
+    int arena_started;        /* arena_start is set */
+    uint64_t arena_start;     /* the arena position of this call's first buffer */
     int32_t ret;
 };
 
@@ -41,6 +46,12 @@ int remote_begin(struct rcall *c, unsigned fn);     /* 0, or -1 (no proxy; nothi
 int32_t remote_call(struct rcall *c);
 void remote_end(struct rcall *c);
 cudaError_t remote_unavailable(void);
+void *remote_arena_alloc(struct rcall *c, size_t n, uint64_t *offset);
+extern int remote_sync_all;                          /* JITCKPT_REMOTE_SYNC=1 */
+
+/* generated (remote_stubs.c): 1 for the calls that are posted to the ring
+ * without waiting (api_facts.py's remote_async column) */
+extern const unsigned char remote_fn_async[RFN_count];
 
 /* marshal.c: arguments and results, in parameter order (jitckpt_remote_wire.h) */
 void rc_put(struct rcall *c, const void *p, size_t n);

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "remote.h"
+#include "track.h"
 
 /* ---- registration ------------------------------------------------------------ */
 
@@ -85,6 +86,8 @@ EXPORT void **__cudaRegisterFatBinary(void *fatCubin)
     rc_put_in(&c, data, n);
     if (remote_call(&c) == 0)
         rc_get_handle(&c, &handle);
+    if (handle)
+        remote_track_reg_fatbin((void **)handle, data, n);    /* for a proxy restart (restart.c) */
     remote_end(&c);
     return handle;
 }
@@ -96,6 +99,7 @@ static void module_call(unsigned fn, void **handle)
         return;
     rc_put_handle(&c, handle);
     remote_call(&c);
+    remote_track_reg_end(handle);
     remote_end(&c);
 }
 
@@ -104,10 +108,15 @@ EXPORT void __cudaRegisterFatBinaryEnd(void **fatCubinHandle)
     module_call(RFN___cudaRegisterFatBinaryEnd, fatCubinHandle);
 }
 
-/* At exit the proxy is going away with its worker: nothing to tell it. */
+/* At exit the proxy is going away with its worker: nothing to tell it.  A
+ * restart no longer re-registers the image (its library may be unloaded). */
 EXPORT void __cudaUnregisterFatBinary(void **fatCubinHandle)
 {
-    (void)fatCubinHandle;
+    struct rcall c;
+    if (fatCubinHandle && remote_begin(&c, 0) == 0) {
+        remote_track_reg_unregister(fatCubinHandle);
+        remote_end(&c);
+    }
 }
 
 EXPORT char __cudaInitModule(void **fatCubinHandle)
@@ -117,6 +126,7 @@ EXPORT char __cudaInitModule(void **fatCubinHandle)
         return 0;
     rc_put_handle(&c, fatCubinHandle);
     int32_t ok = remote_call(&c);
+    remote_track_reg_init(fatCubinHandle);
     remote_end(&c);
     return (char)ok;
 }
@@ -135,6 +145,7 @@ EXPORT void __cudaRegisterFunction(void **fatCubinHandle, const char *hostFun, c
     rc_put_string(&c, deviceName);
     rc_put(&c, &thread_limit, sizeof thread_limit);
     remote_call(&c);
+    remote_track_reg_function(fatCubinHandle, hostFun, deviceFun, deviceName, thread_limit);
     remote_end(&c);
 }
 
@@ -153,6 +164,7 @@ EXPORT void __cudaRegisterVar(void **fatCubinHandle, char *hostVar, char *device
     rc_put(&c, &constant, sizeof constant);
     rc_put(&c, &global, sizeof global);
     remote_call(&c);
+    remote_track_reg_var(fatCubinHandle, hostVar, deviceAddress, deviceName, ext, size, constant, global);
     remote_end(&c);
 }
 
@@ -163,8 +175,10 @@ EXPORT cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun)
         return remote_unavailable();
     rc_put(&c, &hostFun, sizeof hostFun);
     cudaError_t err = (cudaError_t)remote_call(&c);
-    if (err == cudaSuccess && kernel)
+    if (err == cudaSuccess && kernel) {
         rc_get_handle(&c, (void **)kernel);
+        remote_track_reg_kernel(*kernel, hostFun);
+    }
     remote_end(&c);
     return err;
 }

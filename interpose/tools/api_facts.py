@@ -91,6 +91,13 @@ dispatch, ``gen_interpose.py --remote``; see ``proxy_server/README.md``):
     A C condition over the parameters under which remote mode refuses this
     particular call at run time (``cudaMemcpyDefault`` needs to know which
     pointers are device pointers, which the worker does not track yet).
+``remote_async``
+    The call is posted to the request ring and returns ``cudaSuccess``/
+    ``ncclSuccess`` at once; the proxy runs it in ring order and its error
+    is returned by the next synchronous call.  Only for calls with nothing
+    to answer (no ``outputs``, ``creates``, ``out_strings``); one that puts
+    bytes in a ``host_out`` buffer (a copy into host memory) waits for its
+    answer at run time.  Unset: the call waits (when unsure, synchronous).
 """
 
 from __future__ import annotations
@@ -126,6 +133,7 @@ class Fact:
     host_out: Mapping[str, str] = field(default_factory=dict)
     out_strings: tuple[str, ...] = ()
     remote_check: str = ""
+    remote_async: bool = False
 
     @property
     def wrapped(self) -> bool:
@@ -256,9 +264,10 @@ REMOTE: dict[str, dict] = {
     "cudaMemcpy": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} ? count : 0"},
                        host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND),
     "cudaMemcpyAsync": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} ? count : 0"},
-                            host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND),
+                            host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND,
+                            remote_async=True),
     "cudaMemset": dict(remote=GEN, device=("devPtr",)),
-    "cudaMemsetAsync": dict(remote=GEN, device=("devPtr",)),
+    "cudaMemsetAsync": dict(remote=GEN, device=("devPtr",), remote_async=True),
     # streams and events
     "cudaStreamCreate": dict(remote=GEN, creates={"pStream": "stream"}, mode="sync"),
     "cudaStreamCreateWithFlags": dict(remote=GEN),
@@ -266,12 +275,12 @@ REMOTE: dict[str, dict] = {
     "cudaStreamDestroy": dict(remote=GEN, handles=STREAM),
     "cudaStreamSynchronize": dict(remote=GEN),
     "cudaStreamQuery": dict(remote=GEN, handles=STREAM, mode="sync"),
-    "cudaStreamWaitEvent": dict(remote=GEN),
+    "cudaStreamWaitEvent": dict(remote=GEN, remote_async=True),
     "cudaStreamGetFlags": dict(remote=GEN),
     "cudaStreamGetPriority": dict(remote=GEN, handles={"hStream": "stream"}, outputs=("priority",), mode="sync"),
     "cudaEventCreate": dict(remote=GEN, creates={"event": "event"}, mode="sync"),
     "cudaEventCreateWithFlags": dict(remote=GEN),
-    "cudaEventRecord": dict(remote=GEN),
+    "cudaEventRecord": dict(remote=GEN, remote_async=True),
     "cudaEventSynchronize": dict(remote=GEN),
     "cudaEventQuery": dict(remote=GEN),
     "cudaEventDestroy": dict(remote=GEN, handles={"event": "event"}),
@@ -289,8 +298,8 @@ REMOTE: dict[str, dict] = {
                                  remote_check=NO_DEFAULT_KIND,
                                  mode="blocking"),
     # hand-written on both sides (interpose/remote/special.c, proxy_server/src/special.c)
-    "cudaLaunchKernel": dict(remote=HAND),
-    "__cudaLaunchKernel": dict(remote=HAND),
+    "cudaLaunchKernel": dict(remote=HAND, remote_async=True),
+    "__cudaLaunchKernel": dict(remote=HAND, remote_async=True),
     "cudaMallocHost": dict(remote=HAND, mode="sync"),
     "cudaHostAlloc": dict(remote=HAND, mode="sync"),
     "cudaFreeHost": dict(remote=HAND, mode="sync"),
@@ -301,7 +310,7 @@ NCCL_BUFFERS = {"ncclAllReduce": ("sendbuff", "recvbuff"), "ncclBroadcast": ("se
                 "ncclAllGather": ("sendbuff", "recvbuff"), "ncclReduceScatter": ("sendbuff", "recvbuff"),
                 "ncclAlltoAll": ("sendbuff", "recvbuff"), "ncclSend": ("sendbuff",), "ncclRecv": ("recvbuff",)}
 REMOTE_NCCL: dict[str, dict] = {
-    **{name: dict(remote=GEN, device=buffers) for name, buffers in NCCL_BUFFERS.items()},
+    **{name: dict(remote=GEN, device=buffers, remote_async=True) for name, buffers in NCCL_BUFFERS.items()},
     "ncclGetUniqueId": dict(remote=GEN, outputs=("uniqueId",), mode="sync"),
     "ncclCommInitRank": dict(remote=GEN, creates={"comm": "comm"}, mode="sync"),
     "ncclCommDestroy": dict(remote=GEN),
@@ -310,8 +319,8 @@ REMOTE_NCCL: dict[str, dict] = {
     "ncclCommCount": dict(remote=GEN, handles={"comm": "comm"}, outputs=("count",), mode="sync"),
     "ncclCommUserRank": dict(remote=GEN, handles={"comm": "comm"}, outputs=("rank",), mode="sync"),
     "ncclCommCuDevice": dict(remote=GEN, handles={"comm": "comm"}, outputs=("device",), mode="sync"),
-    "ncclGroupStart": dict(remote=GEN, mode="sync"),
-    "ncclGroupEnd": dict(remote=GEN, mode="sync"),
+    "ncclGroupStart": dict(remote=GEN, mode="sync", remote_async=True),
+    "ncclGroupEnd": dict(remote=GEN, mode="sync", remote_async=True),
     "ncclGetVersion": dict(remote=GEN, outputs=("version",), mode="sync"),
 }
 # nvcc's hidden registration and launch-configuration entry points: no C header

@@ -4,7 +4,8 @@ Called by ``gen_interpose.py --remote``.  From the same API description as the
 passthrough library (NVIDIA's prototypes plus ``api_facts.py``) it writes:
 
   remote_fns.h        enum remote_fn: one id per marshalled function (the wire's function ids)
-  remote_stubs.c      libjitckpt_remote.so's exported CUDA runtime and NCCL entry points:
+  remote_stubs.c      libjitckpt_remote.so's exported CUDA runtime and NCCL entry points
+                      (and remote_fn_async, the calls posted without waiting):
                       a generated stub per ``remote="gen"`` function (marshal, call, unmarshal),
                       a refusal per function remote mode cannot marshal yet, and an
                       in-process call of the real library per pure function
@@ -36,6 +37,11 @@ HANDLE_TYPES = {
 }
 KIND_ENUM = {"stream": "VH_STREAM", "event": "VH_EVENT", "kernel": "VH_KERNEL", "module": "VH_MODULE",
              "comm": "VH_COMM", "graph": "VH_GRAPH", "graph_exec": "VH_GRAPH_EXEC", "func": "VH_FUNC"}
+# Functions whose stub tells remote/restart.c (track.h) what it created or destroyed, after a
+# successful call: the state a restarted proxy is given back (milestone 2b).
+TRACKED = {"cudaSetDevice", "cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaStreamCreateWithFlags",
+           "cudaStreamCreateWithPriority", "cudaStreamDestroy", "cudaEventCreate", "cudaEventCreateWithFlags",
+           "cudaEventDestroy", "ncclCommInitRank", "ncclCommDestroy", "ncclCommAbort"}
 ERROR_TYPES = {"cudaError_t": "cudaErrorNotSupported", "ncclResult_t": "ncclInvalidUsage"}
 HIDDEN_PROTOS = {
     "__cudaRegisterFatBinary": "void **__cudaRegisterFatBinary(void *fatCubin)",
@@ -83,6 +89,20 @@ def classify(function) -> list[tuple[str, object]]:
     return out
 
 
+def check_async(functions: dict) -> None:
+    """A call posted to the request ring (``remote_async``) returns before the proxy ran it: it
+    must have nothing to answer, and nothing the worker records only after a success."""
+    for name, f in functions.items():
+        if not f.fact.remote_async:
+            continue
+        if f.fact.outputs or f.fact.creates or f.fact.out_strings:
+            raise RemoteGenError(f"{name}: remote_async, but the call answers (outputs, creates or out_strings)")
+        if f.fact.remote not in ("gen", "hand"):
+            raise RemoteGenError(f"{name}: remote_async needs remote=\"gen\" or \"hand\"")
+        if name in TRACKED:
+            raise RemoteGenError(f"{name}: remote_async, but a proxy restart tracks its success (TRACKED)")
+
+
 def worker_stub(function, rfn: str) -> str:
     proto, fact = function.proto, function.fact
     classes = classify(function)
@@ -115,6 +135,9 @@ def worker_stub(function, rfn: str) -> str:
             lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rc_get_handle(&jr_c, (void **){p.name});")
         elif cls == "out_string":
             lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        *{p.name} = rc_get_string(&jr_c);")
+    if function.name in TRACKED:       # what a proxy restart re-creates (remote/restart.c)
+        lines.append(f"    if (jr_ret == 0)\n        remote_track_{function.name}("
+                     + ", ".join(p.name for p in proto.params) + ");")
     lines += ["    remote_end(&jr_c);", "    return jr_ret;", "}", ""]
     return "\n".join(lines)
 
@@ -204,11 +227,16 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
         if f.proto.ret not in ERROR_TYPES:
             raise RemoteGenError(f"{name}: remote=\"gen\" needs a cudaError_t/ncclResult_t result")
         classify(f)
+    check_async(functions)
     ids = sorted(gen) + sorted(set(hand_names))
     fns = [banner, "#ifndef JITCKPT_REMOTE_FNS_H", "#define JITCKPT_REMOTE_FNS_H", "", "enum remote_fn {",
            "    RFN_none = 0,"] + [f"    RFN_{n}," for n in ids] + ["    RFN_count", "};", "", "#endif", ""]
 
-    stubs = [banner, '#include "remote.h"', ""]
+    stubs = [banner, '#include "remote.h"', '#include "track.h"', "",
+             "/* Posted to the request ring without waiting (api_facts.py: remote_async). */",
+             "const unsigned char remote_fn_async[RFN_count] = {"]
+    stubs += [f"    [RFN_{n}] = 1," for n in ids if n in functions and functions[n].fact.remote_async]
+    stubs += ["};", ""]
     exported: list[tuple[str, str]] = []          # (name, library)
     for name, f in sorted(gen.items()):
         stubs.append(worker_stub(f, f"RFN_{name}"))

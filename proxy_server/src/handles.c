@@ -3,9 +3,10 @@
  * The worker never sees a real stream, event, kernel or module handle: every
  * one the runtime hands out gets a virtual id (JITCKPT_VH_MAKE: tag, kind,
  * counter), and every id the worker sends is looked up here.  Ids are never
- * reused, so a stale id is an error, not another object.  Replay after a
- * proxy restart (a later milestone) re-creates the objects and rebinds the
- * same ids.  Ids 0, 1 and 2 of streams are the NULL stream, cudaStreamLegacy
+ * reused, so a stale id is an error, not another object.  After a proxy
+ * restart the worker re-creates its objects in the new proxy and rebinds the
+ * same ids (vh_bind, and vh_expect for objects created by an ordinary call:
+ * registrations, kernels; restore.c).  Ids 0, 1 and 2 of streams are the NULL stream, cudaStreamLegacy
  * and cudaStreamPerThread and cross unchanged. */
 
 #include "proxy.h"
@@ -52,9 +53,51 @@ static uint64_t find_real(struct table *t, void *real)
     return 0;
 }
 
+static uint64_t expected[VH_NKINDS];    /* vh_expect: the id the next vh_insert of a kind gets */
+
+static int bind(struct table *t, uint64_t vid, void *real)
+{
+    if ((t->used + 1) * 2 > t->cap && grow(t) != 0)
+        return -1;
+    size_t j = hash(vid, t->cap);
+    while (t->slots[j].vid) {
+        if (t->slots[j].vid == vid)
+            return -1;                      /* already bound (or destroyed): ids are never reused */
+        j = (j + 1) & (t->cap - 1);
+    }
+    t->slots[j] = (struct slot){vid, real};
+    t->used++;
+    uint64_t n = vid & ((1ull << 40) - 1);
+    if (n > t->next)
+        t->next = n;                        /* ids made later stay above every bound one */
+    return 0;
+}
+
+/* Binds a given virtual id (one the worker had from the proxy this one replaces)
+ * to a new real handle.  -1 if the id is not of this kind or already bound. */
+int vh_bind(int kind, uint64_t vid, void *real)
+{
+    if (kind <= 0 || kind >= VH_NKINDS || !JITCKPT_VH_IS_VIRTUAL(vid) || JITCKPT_VH_KIND(vid) != kind || !real)
+        return -1;
+    return bind(&tables[kind], vid, real);
+}
+
+/* The next vh_insert of this kind returns vid (bound to its real handle)
+ * instead of a new id: re-creating an object through the ordinary call. */
+void vh_expect(int kind, uint64_t vid)
+{
+    if (kind > 0 && kind < VH_NKINDS)
+        expected[kind] = vid;
+}
+
 uint64_t vh_insert(int kind, void *real)
 {
     struct table *t = &tables[kind];
+    if (expected[kind]) {
+        uint64_t vid = expected[kind];
+        expected[kind] = 0;
+        return vh_bind(kind, vid, real) == 0 ? vid : 0;
+    }
     if (kind == VH_KERNEL || kind == VH_MODULE) {
         uint64_t vid = find_real(t, real);
         if (vid)

@@ -4,7 +4,11 @@
  *
  * With a PROGRAM the proxy spawns its worker itself (spawn mode): the child
  * gets LD_PRELOAD=<the remote library> and JITCKPT_PROXY_SOCKET=PATH, only
- * that child may attach, and the proxy exits with the child's status.
+ * that child may attach, and the proxy exits with the child's status.  In
+ * spawn mode this process is only the supervisor: the proxy that loads the
+ * runtime and serves the worker is a child of its own (supervise()), so that
+ * the worker can restart it (milestone 2b, README.md) while the launcher
+ * keeps waiting on the same process.
  * Without one it waits for the worker given by --worker-pid (or, without
  * that, the first process of its own uid that connects) and exits 0 when the
  * worker disconnects.
@@ -27,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -120,12 +125,72 @@ static pid_t spawn(const struct proxy_options *o)
     return pid;
 }
 
+/* Spawn mode, the serving child: says when it listens, learns the worker's
+ * pid, says when the worker connected (supervise()). */
+static int supervisor_fd = -1;
+
+static void to_supervisor(char what)
+{
+    if (supervisor_fd >= 0 && write(supervisor_fd, &what, 1) != 1)
+        pdebug("the supervisor is gone");
+}
+
+/* Spawn mode: the serving proxy is a child; spawn the worker once it listens,
+ * exit with the worker's status.  A proxy the worker restarted is the
+ * worker's business (detached); the original one is reaped here. */
+static int supervise(struct proxy_options *o)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return 1;
+    pid_t server = fork();
+    if (server < 0)
+        return 1;
+    if (server == 0) {
+        close(sv[0]);
+        supervisor_fd = sv[1];
+        return -1;                                  /* main() goes on as the serving proxy */
+    }
+    close(sv[1]);
+    char c = 0;
+    int status = 0;
+    if (read(sv[0], &c, 1) != 1 || c != 'R') {      /* it failed to start (it said why) */
+        waitpid(server, &status, 0);
+        return 1;
+    }
+    pid_t child = spawn(o);
+    if (child < 0 || write(sv[0], &child, sizeof child) != (ssize_t)sizeof child) {
+        kill(server, SIGKILL);
+        waitpid(server, NULL, 0);
+        return 1;
+    }
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    /* A server that accepted the worker exits on its own at end-of-file; one
+     * still waiting for it (the program made no CUDA call) is stopped. */
+    int connected = recv(sv[0], &c, 1, MSG_DONTWAIT) == 1 && c == 'C';
+    for (int i = 0; connected && i < 1000 && waitpid(server, NULL, WNOHANG) == 0; i++)
+        usleep(10000);
+    if (waitpid(server, NULL, WNOHANG) == 0) {
+        kill(server, SIGKILL);
+        waitpid(server, NULL, 0);
+    }
+    unlink(o->socket_path);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 int main(int argc, char **argv)
 {
     struct proxy_options o;
     parse(argc, argv, &o);
     proxy_verbose = o.verbose;
     signal(SIGPIPE, SIG_IGN);
+    if (o.program && getenv("JITCKPT_PROXY_NO_SUPERVISOR") == NULL) {
+        int rc = supervise(&o);
+        if (rc >= 0)
+            return rc;
+        o.program = NULL;                           /* the serving child */
+    }
     if (libs_load(&o) != 0)
         return 1;
     const char *missing = dispatch_resolve(cudart, nccl);
@@ -143,6 +208,11 @@ int main(int argc, char **argv)
     if (listener < 0)
         return 1;
     pid_t child = 0, expected = o.worker_pid;
+    if (supervisor_fd >= 0) {
+        to_supervisor('R');
+        if (read(supervisor_fd, &expected, sizeof expected) != (ssize_t)sizeof expected)
+            return 1;
+    }
     if (o.program) {
         child = spawn(&o);
         if (child < 0)
@@ -156,6 +226,7 @@ int main(int argc, char **argv)
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (sock < 0)
         return 1;
+    to_supervisor('C');
     int rc = serve(sock, w);
     close(sock);
     pdebug("worker pid %d disconnected", (int)expected);

@@ -22,6 +22,7 @@
 #define PROXY_ENV_CUDART "JITCKPT_PROXY_CUDART"
 #define PROXY_ENV_NCCL "JITCKPT_PROXY_NCCL"
 #define PROXY_ENV_PRELOAD "JITCKPT_PROXY_PRELOAD"
+#define PROXY_ENV_RING_KIB "JITCKPT_PROXY_RING_KIB"     /* the request ring's size (segment.c) */
 
 struct proxy_options {
     const char *socket_path;
@@ -59,5 +60,17 @@ int serve(int sock, struct jitckpt_wire *w);
 uint64_t vh_insert(int kind, void *real);
 int vh_lookup(int kind, uint64_t vid, void **real);
 void vh_forget(int kind, uint64_t vid);
+int vh_bind(int kind, uint64_t vid, void *real);
+void vh_expect(int kind, uint64_t vid);
+
+/* devmem.c: device memory in the reserved range (README.md, "Device pointers") */
+int32_t devmem_malloc(void **ptr, size_t size);
+int32_t devmem_malloc_at(void *ptr, size_t size);
+int32_t devmem_free(void *ptr);
+int devmem_info(uint64_t *base, uint64_t *size);   /* 1: allocations at fixed addresses */
+
+/* restore.c: the restart protocol's calls (jitckpt_remote_restart.h) */
+struct rdisp;
+int32_t dispatch_restore(unsigned fn, struct rdisp *d, int *handled);
 
 #endif

@@ -1,24 +1,77 @@
-/* serve.c -- the proxy's loop: wait for the doorbell, execute the call,
- * answer.  End-of-file on the socket means the worker is gone; the loop
- * returns and the proxy exits.
+/* serve.c -- the proxy's loop: drain the request ring, execute each record
+ * in order, answer the synchronous ones.  End-of-file on the socket means
+ * the worker is gone; the loop returns and the proxy exits.
  *
- * Milestone 1 executes every call at once and in order on this one thread,
- * and answers when the runtime returned: an asynchronous call (a launch, a
- * copy from pinned memory) is then queued on its stream by the runtime, so
- * the worker waits for the enqueue, not for the work. */
+ * Records are executed one at a time on this one thread, in ring order,
+ * which is the order the worker made the calls (per-stream order included).
+ * Each record is copied into a private buffer first, so a request is parsed
+ * from memory the worker cannot change under the proxy.  After a record the
+ * proxy publishes ring_tail (and releases the arena up to the record's
+ * arena_end); for a synchronous record the answer (ret, response) is in the
+ * segment before ring_tail passes it.
+ *
+ * Errors of asynchronous records: the first one (per library: CUDA runtime,
+ * NCCL) is kept and returned by the next synchronous call of the same
+ * library that would otherwise have succeeded (an API function: not the
+ * library's own queries such as a launch's parameter sizes), as a GPU reports an
+ * asynchronous error at the next synchronising call; it is reported once.
+ * cudaGetLastError/cudaPeekAtLastError clear the kept CUDA error instead:
+ * the runtime's own last error (set when the call failed in the proxy)
+ * already carries it.  The runtime's state (sticky errors, last error) is the
+ * proxy thread's, as before.
+ *
+ * Idle: a bounded spin (SPIN_NS), then sleep on the proxy_wake futex after
+ * setting proxy_sleeping, which tells the worker to ring; every
+ * CHECK_ALIVE_MS the sleeping proxy checks the socket for its worker. */
 
 #include "dispatch.h"
 
 #include <errno.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#define SPIN_NS 10000
+#define CHECK_ALIVE_MS 100
 
-static void execute(struct jitckpt_wire *w, uint64_t arena_size)
+static struct jitckpt_wire *shadow;       /* private: the record being executed, and its response */
+static int32_t pending_cuda, pending_nccl;  /* first error of an asynchronous call, not yet returned */
+
+static long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *timeout)
 {
-    struct rdisp d = {.w = w, .arena = (unsigned char *)w + w->arena_offset, .arena_size = arena_size};
-    uint32_t req_len = w->req_len;
-    d.req_len = req_len <= JITCKPT_WIRE_REQ_MAX ? req_len : 0;
-    unsigned fn = w->fn;
+    return syscall(SYS_futex, addr, op, val, timeout, NULL, 0);
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ volatile("yield");
+#endif
+}
+
+static int is_nccl(unsigned fn)
+{
+    return fn < RFN_count && dispatch_generated[fn].name && strncmp(dispatch_generated[fn].name, "nccl", 4) == 0;
+}
+
+static int32_t execute(struct jitckpt_wire *w, uint64_t arena_size, unsigned fn, uint32_t req_len)
+{
+    struct rdisp d = {.w = shadow, .arena = (unsigned char *)w + w->arena_offset, .arena_size = arena_size,
+                      .req_len = req_len};
     int32_t ret;
     int handled = 0;
     ret = dispatch_special(fn, &d, &handled);
@@ -31,25 +84,140 @@ static void execute(struct jitckpt_wire *w, uint64_t arena_size)
             ret = cudaErrorNotSupported;
         }
     }
-    w->ret = ret;
-    w->rep_len = (uint32_t)d.rep;
+    shadow->rep_len = (uint32_t)d.rep;
+    return ret;
+}
+
+/* The result a synchronous call returns, given the errors asynchronous calls left. */
+static int32_t settle(unsigned fn, int32_t ret)
+{
+    /* Only an API function the program called: not the library's own queries
+     * (a launch's parameter sizes, the restart protocol) nor registrations. */
+    if (fn >= RFN_count || !dispatch_generated[fn].fn)
+        return ret;
+    int32_t *pending = is_nccl(fn) ? &pending_nccl : &pending_cuda;
+    if (fn == RFN_cudaGetLastError || fn == RFN_cudaPeekAtLastError) {
+        pending_cuda = 0;
+        return ret;
+    }
+    if (ret == 0 && *pending != 0)
+        ret = *pending;
+    *pending = 0;
+    return ret;
+}
+
+/* The worker: still there?  It never writes to the socket after connecting. */
+static int worker_alive(int sock)
+{
+    char b;
+    ssize_t n = recv(sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0)
+        return 0;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        return errno == ECONNRESET ? 0 : -1;
+    return 1;
+}
+
+/* Waits for records (or the worker's end): 1 records, 0 the worker is gone, -1 error. */
+static int wait_records(int sock, struct jitckpt_wire *w, uint64_t tail)
+{
+    /* Spin briefly (the next record of a burst comes within a microsecond),
+     * then sleep: a longer spin costs more than it saves when both processes
+     * share a core, as on a loaded 2-core machine. */
+    uint64_t start = now_ns(), spent = 0;
+    while (spent < SPIN_NS) {
+        for (int i = 0; i < 64; i++) {
+            if (__atomic_load_n(&w->ring_head, __ATOMIC_ACQUIRE) != tail)
+                return 1;
+            cpu_relax();
+        }
+        spent = now_ns() - start;
+    }
+    for (;;) {
+        uint32_t seq = __atomic_load_n(&w->proxy_wake, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&w->proxy_sleeping, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&w->ring_head, __ATOMIC_SEQ_CST) != tail)
+            break;
+        struct timespec t = {0, CHECK_ALIVE_MS * 1000000L};
+        futex(&w->proxy_wake, FUTEX_WAIT, seq, &t);
+        if (__atomic_load_n(&w->ring_head, __ATOMIC_ACQUIRE) != tail)
+            break;
+        int alive = worker_alive(sock);
+        if (alive <= 0) {
+            __atomic_store_n(&w->proxy_sleeping, 0, __ATOMIC_SEQ_CST);
+            return alive;
+        }
+    }
+    __atomic_store_n(&w->proxy_sleeping, 0, __ATOMIC_SEQ_CST);
+    return 1;
+}
+
+static void publish(struct jitckpt_wire *w, uint64_t tail, uint64_t arena_end)
+{
+    __atomic_store_n(&w->arena_tail, arena_end, __ATOMIC_RELEASE);
+    __atomic_store_n(&w->ring_tail, tail, __ATOMIC_SEQ_CST);
+    uint64_t want = __atomic_load_n(&w->worker_waits_for, __ATOMIC_SEQ_CST);
+    if (want != 0 && tail >= want) {
+        __atomic_add_fetch(&w->worker_wake, 1, __ATOMIC_SEQ_CST);
+        futex(&w->worker_wake, FUTEX_WAKE, 1, NULL);
+    }
+}
+
+static int broken(const char *what, uint64_t pos)
+{
+    plog("the worker wrote a malformed request ring (%s at position %llu); stopping", what,
+         (unsigned long long)pos);
+    return -1;
 }
 
 int serve(int sock, struct jitckpt_wire *w)
 {
-    uint64_t arena_size = w->arena_size;         /* before the worker can touch it */
+    /* Read once, before the worker can touch the segment. */
+    const uint64_t arena_size = w->arena_size, ring_size = w->ring_size;
+    const unsigned char *ring = (const unsigned char *)w + w->ring_offset;
+    shadow = malloc(sizeof *shadow);
+    if (!shadow)
+        return -1;
+    memcpy(shadow, w, offsetof(struct jitckpt_wire, ring_head));     /* the layout, for d->w's readers */
+    uint64_t tail = 0, arena_end = 0;
     for (;;) {
-        char b;
-        ssize_t n = read(sock, &b, 1);
-        if (n == 0)
-            return 0;                            /* the worker exited */
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno == ECONNRESET ? 0 : -1;
+        uint64_t head = __atomic_load_n(&w->ring_head, __ATOMIC_ACQUIRE);
+        if (head == tail) {
+            int r = wait_records(sock, w, tail);
+            if (r <= 0)
+                return r;
+            continue;
         }
-        execute(w, arena_size);
-        if (write(sock, &b, 1) != 1)
-            return 0;
+        if (head - tail > ring_size)
+            return broken("head too far ahead", head);
+        uint64_t off = tail % ring_size;
+        struct jitckpt_ring_rec rec;
+        memcpy(&rec.len, ring + off, sizeof rec.len);
+        if (rec.len == 0) {                                   /* continue at the ring's start */
+            tail += ring_size - off;
+            continue;
+        }
+        memcpy(&rec, ring + off, sizeof rec);
+        if (rec.len % 8 || rec.len < sizeof rec || rec.len > ring_size - off || rec.len > head - tail ||
+            rec.req_len > rec.len - sizeof rec || rec.req_len > JITCKPT_WIRE_REQ_MAX)
+            return broken("bad record length", tail);
+        if (rec.arena_end < arena_end)
+            return broken("arena position going back", tail);
+        memcpy(shadow->req, ring + off + sizeof rec, rec.req_len);
+        int32_t ret = execute(w, arena_size, rec.fn, rec.req_len);
+        if (rec.flags & JITCKPT_REC_SYNC) {
+            ret = settle(rec.fn, ret);
+            memcpy(w->rep, shadow->rep, shadow->rep_len);
+            w->rep_len = shadow->rep_len;
+            w->ret = ret;
+        } else if (ret != 0) {
+            int32_t *pending = is_nccl(rec.fn) ? &pending_nccl : &pending_cuda;
+            if (*pending == 0)
+                *pending = ret;
+            pdebug("asynchronous call %u failed (%d): returned by the next synchronous call", rec.fn, ret);
+        }
+        tail += rec.len;
+        arena_end = rec.arena_end;
+        publish(w, tail, arena_end);
     }
 }

@@ -207,10 +207,37 @@ static int32_t launch(struct rdisp *d, int is_handle)
     return real_launch(func, grid, block, args, shmem, stream);
 }
 
+/* cudaMalloc and cudaFree: device memory in the proxy's reserved range, so
+ * that a restarted proxy can re-create it at the same addresses (devmem.c).
+ * The wire is the generated one (api_facts.py: devPtr an output, size by value;
+ * cudaFree's pointer by value). */
+static int32_t malloc_in_range(struct rdisp *d)
+{
+    void *p = NULL;
+    int want = rd_flag(d);
+    size_t size;
+    if (rd_get(d, &size, sizeof size))
+        return RD_BAD;
+    int32_t err = devmem_malloc(want ? &p : NULL, size);
+    if (err == 0 && want)
+        rd_put(d, &p, sizeof p);
+    return err;
+}
+
+static int32_t free_in_range(struct rdisp *d)
+{
+    void *p;
+    if (rd_get(d, &p, sizeof p))
+        return RD_BAD;
+    return devmem_free(p);
+}
+
 int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
 {
     *handled = 1;
     switch (fn) {
+    case RFN_cudaMalloc: return malloc_in_range(d);
+    case RFN_cudaFree: return free_in_range(d);
     case RFN___cudaRegisterFatBinary: return register_fatbinary(d);
     case RFN___cudaRegisterFunction: return register_function(d);
     case RFN___cudaRegisterVar: return register_var(d);
@@ -229,7 +256,6 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
         return 0;
     }
     default:
-        *handled = 0;
-        return 0;
+        return dispatch_restore(fn, d, handled);      /* the restart protocol, or not handled */
     }
 }

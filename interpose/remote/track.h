@@ -1,0 +1,49 @@
+/* track.h -- what the worker keeps so that a restarted device proxy can be
+ * given back the same state (restart.c; proxy_server/README.md, "Device
+ * pointers" and "The call log, replay and recovery").
+ *
+ * The generated stubs of the functions in gen_remote.py's TRACKED call
+ * remote_track_<name>(their arguments) after a successful call, under the
+ * call lock; the hand-written registration entry points (special.c) call the
+ * remote_track_reg_* functions. */
+#ifndef JITCKPT_REMOTE_TRACK_H
+#define JITCKPT_REMOTE_TRACK_H
+
+#include "remote.h"         /* first: it defines _GNU_SOURCE */
+
+#include <sys/types.h>
+
+void remote_track_cudaSetDevice(int device);
+void remote_track_cudaMalloc(void **devPtr, size_t size);
+void remote_track_cudaFree(void *devPtr);
+void remote_track_cudaStreamCreate(cudaStream_t *pStream);
+void remote_track_cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags);
+void remote_track_cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority);
+void remote_track_cudaStreamDestroy(cudaStream_t stream);
+void remote_track_cudaEventCreate(cudaEvent_t *event);
+void remote_track_cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags);
+void remote_track_cudaEventDestroy(cudaEvent_t event);
+void remote_track_ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
+void remote_track_ncclCommDestroy(ncclComm_t comm);
+void remote_track_ncclCommAbort(ncclComm_t comm);
+
+/* registrations, in the order they were made (special.c) */
+void remote_track_reg_fatbin(void **module, const void *image, size_t n);
+void remote_track_reg_function(void **module, const char *hostFun, const char *deviceFun, const char *deviceName,
+                               int thread_limit);
+void remote_track_reg_var(void **module, const char *hostVar, const char *deviceAddress, const char *deviceName,
+                          int ext, size_t size, int constant, int global);
+void remote_track_reg_end(void **module);
+void remote_track_reg_init(void **module);
+void remote_track_reg_kernel(cudaKernel_t kernel, const void *hostFun);
+void remote_track_reg_unregister(void **module);
+
+/* client.c calls these */
+void remote_restart_connected(pid_t proxy_pid);    /* after a connection (the hello's proxy pid) */
+void remote_restart_proxy_lost(void);              /* the proxy is gone (under the call lock); may not return */
+
+/* client.c provides these to restart.c (under the call lock) */
+int remote_reconnect(void);                        /* drop the connection, connect to the proxy now at the socket */
+void remote_begin_locked(struct rcall *c, unsigned fn);
+
+#endif
