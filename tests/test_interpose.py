@@ -236,7 +236,7 @@ def test_exports_use_the_real_libraries_versions_and_names(library):
     real_nccl = exports(NCCL_WHEEL / "lib" / "libnccl.so.2")
     cuda = {n: v for n, v in ours.items() if n.startswith(("cuda", "__cuda"))}
     nccl = {n: v for n, v in ours.items() if n.startswith("nccl")}
-    control = {n: v for n, v in ours.items() if n.startswith("jitckpt_interpose_")}
+    control = {n: v for n, v in ours.items() if n.startswith(("jitckpt_interpose_", "jitckpt_phase_"))}
     assert {"cudaEventRecord", "cudaStreamWaitEvent", "cudaMemcpy", "__cudaLaunchKernel",
             "cudaEventRecord_ptsz"} <= set(cuda)
     for name, version in cuda.items():
@@ -294,7 +294,7 @@ def test_generated_coverage_and_version_script_agree_with_the_exports(library, e
     nodes = version_script(GEN / "interpose.map")
     assert set(nodes) == {"libcudart.so.13", "JITCKPT_INTERPOSE_1"}
     assert nodes["libcudart.so.13"] == {n for n, v in ours.items() if v == "libcudart.so.13"}
-    assert nodes["JITCKPT_INTERPOSE_1"] == {"jitckpt_interpose_*"}
+    assert nodes["JITCKPT_INTERPOSE_1"] == {"jitckpt_interpose_*", "jitckpt_phase_*"}
 
     coverage = json.loads((GEN / "coverage.json").read_text())
     assert coverage["generated_by"] == "interpose/tools/gen_interpose.py -- do not edit"

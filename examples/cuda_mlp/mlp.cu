@@ -19,6 +19,7 @@
 // runs the same functions as host twins on the jitckpt CPU emulator.  See
 // README.md for flags, output and what is verified where.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cerrno>
@@ -428,6 +429,11 @@ int main(int argc, char **argv)
     const float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
     const double t0 = now_s();
     float first_loss = NAN, last_loss = NAN;
+    // Minibatch boundaries for jitckpt's transparent mode (its call log): looked up at run time, so
+    // the program links and runs without jitckpt too (then both are null and nothing is called).
+    using PhaseFn = void (*)();
+    const auto optimizer_begin = reinterpret_cast<PhaseFn>(dlsym(RTLD_DEFAULT, "jitckpt_phase_optimizer_begin"));
+    const auto optimizer_end = reinterpret_cast<PhaseFn>(dlsym(RTLD_DEFAULT, "jitckpt_phase_optimizer_end"));
     for (int step = 1; step <= opt.steps; step++) {
         const int slot = step % 2;
         // The staging buffer of step-2 is free once its copy is done.
@@ -463,8 +469,12 @@ int main(int argc, char **argv)
         }
 
         const double bias1 = 1.0 - std::pow((double)beta1, step), bias2 = 1.0 - std::pow((double)beta2, step);
+        if (optimizer_begin)
+            optimizer_begin();
         LAUNCH(mlp_adam, mlp::kParams, compute, mlp::kParams, opt.lr, beta1, beta2, eps, (float)bias1, (float)bias2,
                d_params, d_grad, d_m, d_v);
+        if (optimizer_end)
+            optimizer_end();  // minibatch `step` ends, step+1 begins
 
         if (log || step == 1 || step == opt.steps) {
             wait_event(loss_ready, "the loss", step, fl, opt.stall_report);

@@ -310,7 +310,8 @@ int remote_begin(struct rcall *c, unsigned fn)
     lock_held = 1;
     remote_begin_locked(c, fn);
     if (remote_restart_count_call)
-        remote_restart_count_call(c);
+        remote_restart_count_call(c);           /* may restart the proxy and begin c afresh */
+    c->log = 1;                                 /* the program's call: into the call log (calllog.c) */
     return 0;
 }
 
@@ -374,6 +375,8 @@ int32_t remote_call(struct rcall *c)
     uint64_t end = append(c, async ? 0 : JITCKPT_REC_SYNC);
     if (end == 0)
         return c->ret = cudaErrorDevicesUnavailable;
+    if (c->log)
+        remote_log_call(c, async ? 0 : JITCKPT_REC_SYNC);
     if (async)
         return c->ret = 0;                      /* cudaSuccess, ncclSuccess: its error comes later */
     if (wait_tail(end, 1) != 0)

@@ -58,6 +58,14 @@ void rc_put_in(struct rcall *c, const void *p, size_t n)
     void *to = reserve(c, n, 0);
     if (to)
         memcpy(to, p, n);
+    if (to && c->log) {                 /* for the call log (calllog.c) */
+        if (c->log_nin < 4) {
+            c->log_in[c->log_nin] = to;
+            c->log_in_len[c->log_nin++] = n;
+        } else {
+            c->log_in_over = 1;
+        }
+    }
 }
 
 void *rc_put_out(struct rcall *c, size_t n)

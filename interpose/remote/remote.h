@@ -39,6 +39,11 @@ struct rcall {
     int arena_started;        /* arena_start is set */
     uint64_t arena_start;     /* the arena position of this call's first buffer */
     int32_t ret;
+    /* the call log (calllog.c): set by remote_begin, not by remote_begin_locked */
+    int log;
+    int log_nin, log_in_over;
+    const void *log_in[4];    /* the host inputs' bytes in the arena */
+    size_t log_in_len[4];
 };
 
 /* client.c: the connection, the call */
@@ -52,6 +57,9 @@ extern int remote_sync_all;                          /* JITCKPT_REMOTE_SYNC=1 */
 /* generated (remote_stubs.c): 1 for the calls that are posted to the ring
  * without waiting (api_facts.py's remote_async column) */
 extern const unsigned char remote_fn_async[RFN_count];
+
+/* calllog.c: the minibatch call log (jitckpt_remote_calllog.h) */
+void remote_log_call(struct rcall *c, uint32_t flags);
 
 /* marshal.c: arguments and results, in parameter order (jitckpt_remote_wire.h) */
 void rc_put(struct rcall *c, const void *p, size_t n);

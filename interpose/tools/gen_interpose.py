@@ -319,7 +319,7 @@ def version_script(functions: dict[str, Function], soname: str, inputs: list[Pat
                f" * else is hidden by -fvisibility=hidden).  The control interface has its own node.",
                inputs).rstrip("\n"),
         f"{soname} {{", "  global:", *[f"    {name};" for name in cuda], "};", "",
-        f"{CONTROL_NODE} {{", "  global:", "    jitckpt_interpose_*;", "};", ""])
+        f"{CONTROL_NODE} {{", "  global:", "    jitckpt_interpose_*;", "    jitckpt_phase_*;", "};", ""])
 
 
 def emulator_exports(libraries: list[Path], nm: str) -> dict[str, tuple[str, str | None]]:

@@ -283,7 +283,8 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
                  + ", ".join(skipped) + " */\n")
     cuda_exports = sorted({n for n, lib in exported if lib == "cudart"} | {n for n in hand_names if not n.startswith("nccl")})
     mapfile = "\n".join([banner.rstrip("\n"), f"{soname} {{", "  global:", *[f"    {n};" for n in cuda_exports],
-                         "};", "", "JITCKPT_REMOTE_1 {", "  global:", "    jitckpt_remote_*;", "};", ""])
+                         "};", "", "JITCKPT_REMOTE_1 {", "  global:", "    jitckpt_remote_*;",
+                         "    jitckpt_phase_*;", "};", ""])
 
     disp = [banner, '#include "dispatch.h"', ""]
     syms = sorted(set(gen) | {"cudaStreamSynchronize"})
