@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -36,7 +37,24 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--batchnorm", action="store_true", help="BatchNorm after each hidden layer (running statistics are buffers)")
     p.add_argument("--backend", default="gloo",
-                   help="process-group backend: gloo, or ncclorder (the test backend with NCCL's ordering, tests/nccl_order)")
+                   help="process-group backend: gloo, nccl, or ncclorder (the test backend with NCCL's ordering, tests/nccl_order)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the model and data live; cuda: GPU LOCAL_RANK modulo the GPUs visible (ranks may share one)")
+
+
+def job_device(args: argparse.Namespace) -> torch.device:
+    """This rank's device: the CPU, or a GPU chosen by local rank (several ranks may share one GPU)."""
+    if getattr(args, "device", "cpu") != "cuda":
+        return torch.device("cpu")
+    index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def wrap_ddp(args: argparse.Namespace, model: nn.Module) -> DDP:
+    """DDP over the model, with the device ids DDP wants for a GPU model."""
+    device = job_device(args)
+    return DDP(model, device_ids=[device.index]) if device.type == "cuda" else DDP(model)
 
 
 def init_process_group(args: argparse.Namespace) -> None:
@@ -65,7 +83,7 @@ def make_model(args: argparse.Namespace) -> nn.Module:
 def build(args: argparse.Namespace, rank: int) -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     """Model, Adam and StepLR; call after ``init_process_group``, before wrapping the model in DDP."""
     torch.manual_seed(args.seed)  # same initial model on every rank
-    model = make_model(args)
+    model = make_model(args).to(job_device(args))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
     torch.manual_seed(args.seed + 1 + rank)  # each rank draws its own dropout masks
@@ -77,7 +95,8 @@ def batch(args: argparse.Namespace, step: int, micro: int, rank: int) -> tuple[t
     g = torch.Generator().manual_seed(args.seed * 1_000_003 + step * 1009 + micro * 101 + rank)
     x = torch.randn(args.batch, INPUT_DIM, generator=g)
     y = (x[:, :4].sum(dim=1, keepdim=True).sin() + 0.1 * torch.randn(args.batch, 1, generator=g))
-    return x, y
+    device = job_device(args)
+    return (x, y) if device.type == "cpu" else (x.to(device), y.to(device))
 
 
 def train_step(
@@ -111,5 +130,5 @@ def parameters_sha256(model: nn.Module) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().contiguous().numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()

@@ -25,10 +25,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 import jitckpt
-from mlp_job import add_job_args, build, init_process_group, parameters_sha256, train_step
+from mlp_job import add_job_args, build, init_process_group, parameters_sha256, train_step, wrap_ddp
 
 
 def parse_args() -> argparse.Namespace:
@@ -80,7 +79,7 @@ def main() -> None:
     if path and rank == 0:
         print(f"resumed at step {start} from {path}", flush=True)
 
-    ddp = DDP(model)
+    ddp = wrap_ddp(args, model)
     loss_fn = nn.MSELoss()
     t0 = time.time()
     for step in range(start, args.steps):

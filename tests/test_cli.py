@@ -60,6 +60,14 @@ def test_options_can_come_from_the_environment(tmp_path):
     assert result.returncode == 2 and "must be a finite number > 0" in result.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "inf", "nan", "later"])
+def test_a_nonsense_agreement_timeout_is_refused_before_any_worker_starts(tmp_path, value):
+    env = job_env()
+    env["JITCKPT_AGREEMENT_TIMEOUT"] = value
+    result = jit_run("--checkpoint-dir", str(tmp_path), "torchrun", "x.py", env=env)
+    assert result.returncode == 2 and "JITCKPT_AGREEMENT_TIMEOUT must be a finite number > 0" in result.stderr
+
+
 def test_admin_switch_turns_jit_run_into_a_pass_through(tmp_path):
     env = job_env()
     env["JITCKPT_ENABLE"] = "0"

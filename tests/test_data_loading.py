@@ -61,6 +61,27 @@ def test_stateful_dataloader_script_resumes_bit_exact(tmp_path, loader_reference
     assert result.sha == expected, result.output[-4000:]
 
 
+NOISE_SCRIPT = REPO / "tests" / "user_programs" / "noise_before_forward.py"
+
+
+@pytest.mark.parametrize("workers, die", [("0", "1:4"), ("0", "2:8"), ("2", "1:4")],
+                         ids=["in-process-augmentation", "second-epoch", "worker-augmentation"])
+def test_random_numbers_drawn_between_fetch_and_forward_repeat(tmp_path, loader_reference, workers, die):
+    """A plain DataLoader, input noise drawn before the forward, skip-to-position by iterating: bit-exact.
+
+    The redone minibatch's RNG state goes back when its batch is fetched (the
+    last fetch before its first forward), not at the forward: before this,
+    each of these runs ended with wrong parameters and reported success."""
+    extra = ["--workers", workers]
+    key = ("noise", *extra)
+    if key not in loader_reference:
+        loader_reference[key] = reference_sha(NPROC, extra, NOISE_SCRIPT)
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, args=[*extra, "--die", die], script=NOISE_SCRIPT)
+    assert result.returncode == 0, result.output[-4000:]
+    assert "resuming from minibatch" in result.output
+    assert result.sha == loader_reference[key], result.output[-4000:]
+
+
 def test_the_jit_checkpoint_carries_every_local_ranks_own_loader_state(tmp_path):
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, args=["--die", "1:5:kill", "--epochs", "1"], script=SCRIPT)
     assert result.returncode == 0, result.output[-4000:]

@@ -161,6 +161,10 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         raise UsageError(str(exc)) from None
     if args.keep < 1:
         raise UsageError("--keep must be at least 1")
+    try:  # read by the workers; nonsense is refused here, before any worker starts
+        config.env_float(config.ENV_AGREEMENT_TIMEOUT, config.DEFAULT_AGREEMENT_TIMEOUT)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if args.warm_restart not in ("on", "off"):
         raise UsageError(f"{config.ENV_WARM_RESTART} must be on or off (got {args.warm_restart!r})")
     try:

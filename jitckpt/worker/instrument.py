@@ -82,6 +82,7 @@ def install(runtime: JitRuntime) -> None:
     _patch_functional_collectives_when_imported(runtime)
     ddp_layout.install(lambda: resume.locate(runtime))
     _install_excepthook(runtime)
+    _watch_batch_fetches(runtime)
     if runtime.injector.phases & {"forward", "backward"}:
         _install_fault_hooks(runtime)
 
@@ -456,6 +457,31 @@ def _looks_distributed(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(
         word in text for word in ("gloo", "nccl", "connection reset", "connection closed", "broken pipe", "peer")
     )
+
+
+def _watch_batch_fetches(runtime: JitRuntime) -> None:
+    """Tell the runtime each time a DataLoader iterator has drawn its next index (where a redone minibatch's RNG goes back).
+
+    ``_next_index`` is where every iterator (single- and multi-process, and
+    torchdata's subclasses) takes the next batch's indices from its sampler,
+    right before it fetches the batch (or hands the indices to a worker).
+    One attribute test per batch while nothing is pending.
+    """
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    original = _BaseDataLoaderIter._next_index
+    if getattr(original, "_jitckpt_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def _next_index(self: Any) -> Any:
+        index = original(self)
+        if runtime.pending_rng is not None:
+            runtime.batch_fetch_starts()
+        return index
+
+    _next_index._jitckpt_wrapped = True  # type: ignore[attr-defined]
+    _BaseDataLoaderIter._next_index = _next_index
 
 
 def _install_excepthook(runtime: JitRuntime) -> None:

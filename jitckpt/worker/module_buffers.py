@@ -11,7 +11,8 @@ first forward of each minibatch (one ``torch._foreach_copy_`` into copies
 allocated once), and before the user's ``save(path)`` of "start of minibatch
 *i*" it copies them back.  The training thread is parked by then and the
 process exits after the save, so nothing else sees the rewind.  Models
-without buffers cost nothing.
+without buffers cost nothing.  On a GPU the rewind runs on a side stream
+that waits only for the snapshot, never behind the hung collective.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class BufferSnapshots:
         self._copies: list[Any] = []
         self._scanned = False
         self.step: int | None = None  # the minibatch whose start the copies hold
+        self._taken: Any = None  # CUDA buffers: an event after the snapshot copy
 
     def note_module(self, module: Any) -> None:
         """Track ``module``'s buffers from now on (idempotent)."""
@@ -59,6 +61,12 @@ class BufferSnapshots:
 
             with torch.no_grad():
                 torch._foreach_copy_(self._copies, self._live)
+        if self._live and self._live[0].is_cuda:
+            import torch
+
+            # Where the copy sits on the training stream: the rewind waits for this, and for nothing after it.
+            self._taken = torch.cuda.Event()
+            self._taken.record()
         self.step = step
 
     def rewind(self, step: int) -> bool:
@@ -67,6 +75,18 @@ class BufferSnapshots:
             return False
         import torch
 
+        if self._live[0].is_cuda:
+            # On a GPU the training stream may be blocked behind the hung collective (DDP's
+            # gradient copy-back waits for it): a copy queued there would never run.  Rewind
+            # on a side stream (torch's pool streams do not synchronise with the default
+            # stream) that waits only for the snapshot itself.  Unverified on GPU.
+            side = torch.cuda.Stream(device=self._live[0].device)
+            if self._taken is not None:
+                side.wait_event(self._taken)
+            with torch.no_grad(), torch.cuda.stream(side):
+                torch._foreach_copy_(self._live, self._copies)
+            side.synchronize()
+            return True
         with torch.no_grad():
             torch._foreach_copy_(self._live, self._copies)
         return True

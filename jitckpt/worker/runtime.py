@@ -78,6 +78,7 @@ class JitRuntime:
         self._next_rng_stashed: int | None = None  # step+1 once its RNG state is stashed at a gradient collective
         # After a resume: this rank's RNG state for the redone minibatch, put back when that minibatch starts.
         self.pending_rng: bytes | None = None
+        self._rng_restored_at_fetch = False  # a DataLoader fetch put pending_rng back (batch_fetch_starts)
         self._pending_rng_hook: Any = None
         self._step_started = time.monotonic()
         self._step_seconds_total = 0.0
@@ -131,10 +132,27 @@ class JitRuntime:
         return payload
 
     def minibatch_starts(self) -> None:
-        """The redone minibatch starts: put its RNG state back (once)."""
+        """The redone minibatch starts: put its RNG state back (once; not again after a data loader did)."""
         payload = self.take_pending_rng()
-        if payload is not None:
+        if payload is not None and not self._rng_restored_at_fetch:
             rng_state.restore(payload)
+
+    def batch_fetch_starts(self) -> None:
+        """A DataLoader's sampler has just chosen the next batch, which is about to be fetched.
+
+        Until the redone minibatch's first module forward, every such point
+        puts its RNG state back, so that the last one before the forward
+        wins: the batch of that minibatch then draws its augmentation (in
+        this process, ``num_workers=0``) and the script its noise (between
+        ``next()`` and the forward) from the state the fault-free run had,
+        whatever batches the script fetched and dropped to reach its
+        position.  Draws made before (a new iterator's base seed, the
+        sampler's own seed at an iterator's first index) are left alone, as
+        the fault-free run made them before this state was captured.
+        """
+        if self.pending_rng is not None:
+            rng_state.restore(self.pending_rng)
+            self._rng_restored_at_fetch = True
 
     # ----- minibatch phase (continued) ---------------------------------------------------
 
