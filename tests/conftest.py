@@ -99,3 +99,33 @@ def run_jit(
 def fault_free_sha() -> str:
     """Final-parameter hash of the fault-free run with plain torchrun (no jitckpt)."""
     return reference_sha()
+
+
+class PlantedCode:
+    """What an attacker with write access to a checkpoint root plants: a pickle that creates ``marker`` when loaded."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (open, (self.marker, "w"))
+
+
+def plant_code(step_dir: Path, prefix: str, marker: Path) -> int:
+    """Replace every file under ``prefix`` in each rank checkpoint of ``step_dir`` by planted code, with the
+    metadata's checksums updated to match (old sha256 format); returns how many files were replaced."""
+    import hashlib
+    import pickle
+
+    payload = pickle.dumps(PlantedCode(str(marker)))
+    planted = 0
+    for replica in sorted(step_dir.glob("rank-*")):
+        meta_path = replica / "jitckpt-meta.json"
+        meta = json.loads(meta_path.read_text())
+        for name in list(meta["files"]):
+            if name.startswith(prefix):
+                (replica / name).write_bytes(payload)
+                meta["files"][name] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+                planted += 1
+        meta_path.write_text(json.dumps(meta))
+    return planted

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_jit
+from conftest import plant_code, run_jit
 
 pytestmark = pytest.mark.slow
 
@@ -53,34 +53,14 @@ def test_planted_code_in_a_checkpoint_is_never_run(tmp_path):
     """Every replica's RNG file replaced by a pickle that runs code, with the metadata checksums updated
     to match (what someone with write access to the checkpoint root could do): the resume refuses loudly,
     and the planted code never runs."""
-    import json
-    import pickle
-
     ckpt = tmp_path / "ckpt"
     saved = run_jit(ckpt, fault="rank=2,step=6,phase=forward,kind=kill", max_restarts=0)
     assert saved.returncode != 0 and (ckpt / "step-00000006").is_dir()
     marker = tmp_path / "planted-code-ran"
-    payload = pickle.dumps(_Planted(str(marker)))
-    planted = 0
-    for replica in sorted((ckpt / "step-00000006").glob("rank-*")):
-        meta_path = replica / "jitckpt-meta.json"
-        meta = json.loads(meta_path.read_text())
-        for name in list(meta["files"]):
-            if name.startswith("jitckpt-rng/"):
-                (replica / name).write_bytes(payload)
-                meta["files"][name] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}  # old format
-                planted += 1
-        meta_path.write_text(json.dumps(meta))
+    planted = plant_code(ckpt / "step-00000006", "jitckpt-rng/", marker)
     assert planted >= 4  # every rank's state, in every replica
     second = run_jit(ckpt, max_restarts=0)
     assert not marker.exists(), "code planted in a checkpoint ran on resume"
     assert second.returncode != 0
     assert "is unusable (not a jitckpt RNG state" in second.output, second.output[-4000:]
 
-
-class _Planted:
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (open, (self.marker, "w"))

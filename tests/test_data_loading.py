@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import REPO, reference_sha, run_jit
+from conftest import REPO, plant_code, reference_sha, run_jit
 from jitckpt.store import safe_codec
 
 SCRIPT = REPO / "tests" / "user_programs" / "stateful_loader.py"
@@ -116,25 +116,11 @@ def test_safe_codec_refuses_foreign_or_damaged_payloads(payload):
 def test_a_planted_loader_state_is_refused_and_never_run(tmp_path):
     """Every replica's loader-state file replaced by a pickle that runs code, the metadata checksums updated to
     match: the resume stops with an error naming the file, and the planted code never runs."""
-    import hashlib
-    import json
-    import pickle
-
     ckpt = tmp_path / "ckpt"
     saved = run_jit(ckpt, nproc=NPROC, max_restarts=0, args=["--die", "1:5:kill", "--epochs", "1"], script=SCRIPT)
     assert saved.returncode != 0 and (ckpt / "step-00000005").is_dir(), saved.output[-3000:]
     marker = tmp_path / "planted-code-ran"
-    payload = pickle.dumps(_Planted(str(marker)))
-    planted = 0
-    for replica in sorted((ckpt / "step-00000005").glob("rank-*")):
-        meta_path = replica / "jitckpt-meta.json"
-        meta = json.loads(meta_path.read_text())
-        for name in list(meta["files"]):
-            if name.startswith("jitckpt-loader/"):
-                (replica / name).write_bytes(payload)
-                meta["files"][name] = {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
-                planted += 1
-        meta_path.write_text(json.dumps(meta))
+    planted = plant_code(ckpt / "step-00000005", "jitckpt-loader/", marker)
     assert planted >= NPROC
     second = run_jit(ckpt, nproc=NPROC, max_restarts=0, args=["--epochs", "1"], script=SCRIPT)
     assert not marker.exists(), "code planted in a checkpoint ran on resume"
@@ -142,10 +128,3 @@ def test_a_planted_loader_state_is_refused_and_never_run(tmp_path):
     assert "the data-loader state stored for rank" in second.output and "is unusable" in second.output, \
         second.output[-4000:]
 
-
-class _Planted:
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (open, (self.marker, "w"))
