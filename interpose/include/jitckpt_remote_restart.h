@@ -22,6 +22,12 @@
 #define JITCKPT_RFN_RST_SYM_READ 0xffe9u  /* u64 symbol key, u64 n, host_out */
 #define JITCKPT_RFN_RST_SYM_WRITE 0xffeau /* u64 symbol key, u64 n, host_in */
 #define JITCKPT_RFN_RST_DEVICE 0xffebu    /* i32 device (-1: only ask) -> i32 the current device */
+/* Recovery (milestone 4): */
+#define JITCKPT_RFN_RST_UNIQUE_ID 0xffecu /* -> 128 bytes: ncclGetUniqueId */
+#define JITCKPT_RFN_RST_COMM_REBUILD 0xffedu /* u64 vid, i32 nranks, i32 rank, i32 device, 128 bytes id */
+#define JITCKPT_RFN_RST_XFER 0xffeeu      /* u64 comm vid, i32 peer, i32 send (1) or receive (0), u64 addr, u64 n */
+#define JITCKPT_RFN_RST_CLEAR 0xffefu     /* -> i32 first error left by the replayed calls; clears errors and the watch */
+#define JITCKPT_RFN_RST_HEALTH 0xffdfu    /* -> i32 device state after synchronising (0: healthy), u64 done_marker */
 
 /* The device proxy's reserved range for device memory, per rank:
  * JITCKPT_PROXY_VA_BASE (default 16 TiB + (LOCAL_RANK % 32) TiB) and

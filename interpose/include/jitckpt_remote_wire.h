@@ -32,7 +32,7 @@
 #include <stdint.h>
 
 #define JITCKPT_WIRE_MAGIC 0x4a4b5057u       /* "WPKJ" */
-#define JITCKPT_WIRE_VERSION 2u
+#define JITCKPT_WIRE_VERSION 3u
 #define JITCKPT_WIRE_REQ_MAX (64u * 1024u)
 #define JITCKPT_WIRE_REP_MAX (64u * 1024u)
 #define JITCKPT_WIRE_DEFAULT_ARENA (64ull << 20)
@@ -105,6 +105,18 @@ struct jitckpt_wire {
     uint64_t arena_tail;                       /* arena released up to here */
     uint64_t worker_waits_for;                 /* written by the worker: a ring_tail it sleeps for, or 0 */
     uint32_t worker_wake;                      /* futex: bumped by the proxy to wake the worker */
+    /* Recovery (proxy_server/README.md, "Recovery"; the proxy's watch.c, the
+     * worker's recover.c).  abort_before is written by the worker: every
+     * record before that ring position not yet executed is dropped, and every
+     * communicator aborted; the proxy answers with abort_done = 1.  The rest
+     * is written by the proxy's watcher thread. */
+    JITCKPT_WIRE_LINE uint64_t abort_before;   /* 0: no abort asked */
+    uint32_t abort_done;
+    int32_t comm_error;          /* the first asynchronous NCCL error of a communicator (ncclRemoteError, ...) */
+    int32_t device_error;        /* a sticky device error the watcher saw */
+    uint32_t recovery_on;        /* written by the worker: 1 when it recovers (serve.c's recover_first) */
+    uint64_t coll_oldest_ns;     /* CLOCK_MONOTONIC ns when the oldest unfinished collective was enqueued; 0: none */
+    uint64_t done_marker;        /* minibatch markers completed on the device: the newest index + 1 */
     /* The answer to the last synchronous record (valid once ring_tail passed it). */
     int32_t ret;                 /* cudaError_t, ncclResult_t, or a hand-written result */
     uint32_t rep_len;
@@ -118,5 +130,12 @@ struct jitckpt_wire {
 
 /* Hand-written calls that are not functions of the API. */
 #define JITCKPT_RFN_PARAM_SIZES 0xfff0u       /* a kernel's parameter sizes, for a launch */
+#define JITCKPT_RFN_MARK 0xfff1u              /* u64 index: minibatch marker on every stream (asynchronous) */
+
+/* A synchronous call's result meaning "recover first, then make this call
+ * again" (an asynchronous NCCL error the program would otherwise see), and
+ * "dropped by an abort" (recover.c).  Never returned to the program. */
+#define JITCKPT_RET_RECOVER ((int32_t)0x6a6b0001)
+#define JITCKPT_RET_DROPPED ((int32_t)0x6a6b0002)
 
 #endif

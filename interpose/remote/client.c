@@ -76,8 +76,14 @@ static int fail(const char *what)
     return -1;
 }
 
+int remote_proxy_lost;          /* recover.c: the proxy died under a recovery-enabled worker */
+
 static void gone(void)
 {
+    if (remote_recovery_enabled()) {
+        remote_proxy_lost = 1;                  /* remote_call recovers (recover.c), with the memory lost */
+        return;
+    }
     if (remote_restart_proxy_lost)
         remote_restart_proxy_lost();            /* may restart the proxy and stop the process */
     dead = 1;
@@ -196,6 +202,8 @@ static void ring_doorbell(void)
  * spin: spin a little first (waiting for an answer, which usually comes soon);
  * back-pressure waits for a good part of the ring and sleeps at once, leaving
  * the CPU to the proxy. */
+static int recovery_watch;      /* wait_tail: 1 while a synchronous call of the program waits (recover.c) */
+
 static int wait_tail(uint64_t until, int spin)
 {
     if (tail() >= until)
@@ -226,6 +234,10 @@ static int wait_tail(uint64_t until, int spin)
             __atomic_store_n(&wire->worker_waits_for, 0, __ATOMIC_SEQ_CST);
             gone();
             return -1;
+        }
+        if (recovery_watch && remote_recovery_check()) {
+            __atomic_store_n(&wire->worker_waits_for, 0, __ATOMIC_SEQ_CST);
+            return 2;                           /* a failure that recovery repairs (recover.c) */
         }
     }
     __atomic_store_n(&wire->worker_waits_for, 0, __ATOMIC_SEQ_CST);
@@ -311,6 +323,10 @@ int remote_begin(struct rcall *c, unsigned fn)
     remote_begin_locked(c, fn);
     if (remote_restart_count_call)
         remote_restart_count_call(c);           /* may restart the proxy and begin c afresh */
+    if (wire && remote_recovery_enabled() && remote_recovery_check()) {
+        remote_recover(c, NULL, 0, 0);           /* before this call: it is not in the log yet */
+        remote_begin_locked(c, fn);
+    }
     c->log = 1;                                 /* the program's call: into the call log (calllog.c) */
     return 0;
 }
@@ -320,8 +336,9 @@ int remote_begin(struct rcall *c, unsigned fn)
  * an empty ring and arena.  0, or -1 (said). */
 int remote_reconnect(void)
 {
-    if (wire)
-        munmap(wire, segment_size);
+    /* The old segment stays mapped (not unmapped): a call being retried after a
+     * recovery still holds pointers into its arena (recover_and_retry).  One
+     * segment's address space per restart. */
     if (sock >= 0)
         close(sock);
     wire = NULL;
@@ -361,10 +378,91 @@ static uint64_t append(struct rcall *c, uint32_t flags)
     return ring_head;
 }
 
+/* For recovery (recover.c), under the call lock. */
+uint64_t remote_append_raw(struct rcall *c, uint32_t flags) { return append(c, flags); }
+int remote_wait(uint64_t until) { return wait_tail(until, 1) == 0 ? 0 : -1; }
+struct jitckpt_wire *remote_wire(void) { return wire; }
+uint64_t remote_ring_head(void) { return ring_head; }
+int remote_proxy_alive(void) { return wire != NULL && proxy_alive(); }
+int remote_skipping;
+
+/* A call of the program met a failure that recovery repairs: recover, then
+ * make the call again (its request, buffers re-placed in the arena) and give
+ * the stub the new answer where it expects it.  The call itself is the last
+ * one in the log, and is left out of the replay. */
+static int32_t recover_and_retry(struct rcall *c, uint32_t flags, const char *why, int memory_lost, int logged)
+{
+    unsigned fn = c->w->fn;
+    size_t req_len = c->req;
+    unsigned char *req = malloc(req_len ? req_len : 1);
+    unsigned char *ins[4] = {NULL, NULL, NULL, NULL};
+    if (!req)
+        return c->ret;
+    memcpy(req, c->w->req, req_len);
+    for (int i = 0; i < c->nbuf; i++)
+        if (!c->buf_out[i] && c->buf_ptr[i] && (ins[i] = malloc(c->buf_len[i])) != NULL)
+            memcpy(ins[i], c->buf_ptr[i], c->buf_len[i]);
+    int32_t ret = remote_recover(c, why, memory_lost, logged);
+    if (ret == 0) {
+        struct rcall r;
+        remote_begin_locked(&r, fn);
+        memcpy(r.w->req, req, req_len);
+        r.req = req_len;
+        void *outs[4] = {NULL, NULL, NULL, NULL};
+        for (int i = 0; i < c->nbuf; i++) {
+            uint64_t off = 0;
+            void *p = c->buf_len[i] ? remote_arena_alloc(&r, c->buf_len[i], &off) : NULL;
+            if (c->buf_len[i] && !p) {
+                ret = cudaErrorNotSupported;
+                break;
+            }
+            if (p && ins[i]) {
+                memcpy(p, ins[i], c->buf_len[i]);
+                if (r.log_nin < 4) {
+                    r.log_in[r.log_nin] = p;
+                    r.log_in_len[r.log_nin++] = c->buf_len[i];
+                }
+            }
+            r.buf_pos[i] = c->buf_pos[i];
+            r.buf_out[i] = c->buf_out[i];
+            r.buf_len[i] = c->buf_len[i];
+            r.buf_ptr[i] = p;
+            r.nbuf = i + 1;
+            memcpy(r.w->req + c->buf_pos[i] + 8, &off, sizeof off);
+            outs[i] = c->buf_out[i] ? p : NULL;
+        }
+        uint64_t end = ret == 0 ? append(&r, flags) : 0;
+        if (end && !logged && c->log)
+            remote_log_call(&r, flags);         /* the call was not in the log yet: now it is */
+        if (end == 0 || wait_tail(end, 1) != 0) {
+            ret = cudaErrorDevicesUnavailable;
+        } else {
+            ret = wire->ret;
+            /* The stub reads outputs from its own arena pointers (of the old segment,
+             * kept mapped after a proxy restart) and the response from c->w. */
+            for (int i = 0; i < c->nbuf; i++)
+                if (outs[i] && c->buf_ptr[i] && outs[i] != c->buf_ptr[i])
+                    memmove(c->buf_ptr[i], outs[i], c->buf_len[i]);
+            c->w = wire;
+            c->rep = 0;
+        }
+    }
+    free(req);
+    for (int i = 0; i < 4; i++)
+        free(ins[i]);
+    return c->ret = ret;
+}
+
 int32_t remote_call(struct rcall *c)
 {
-    if (dead)
+    if (remote_skipping && c->log) {            /* the rest of a failed optimizer step (recover.c) */
+        c->w->rep_len = 0;
+        return c->ret = 0;
+    }
+    if (dead && !remote_proxy_lost)
         return c->ret = cudaErrorDevicesUnavailable;
+    if (remote_proxy_lost && c->log)
+        return recover_and_retry(c, JITCKPT_REC_SYNC, "the device proxy died", 1, 0);
     if (c->overflow) {
         rlog("a call's arguments exceed the shared segment (request %u bytes, arena %llu bytes): not sent",
              JITCKPT_WIRE_REQ_MAX, (unsigned long long)arena_size);
@@ -373,16 +471,36 @@ int32_t remote_call(struct rcall *c)
     unsigned fn = c->w->fn;
     int async = fn < RFN_count && remote_fn_async[fn] && !c->has_out && !remote_sync_all;
     uint64_t end = append(c, async ? 0 : JITCKPT_REC_SYNC);
-    if (end == 0)
+    if (end == 0) {
+        if (remote_proxy_lost && c->log)
+            return recover_and_retry(c, JITCKPT_REC_SYNC, "the device proxy died", 1, 0);
         return c->ret = cudaErrorDevicesUnavailable;
+    }
     if (c->log)
         remote_log_call(c, async ? 0 : JITCKPT_REC_SYNC);
     if (async)
         return c->ret = 0;                      /* cudaSuccess, ncclSuccess: its error comes later */
-    if (wait_tail(end, 1) != 0)
+    recovery_watch = c->log && remote_recovery_enabled();
+    int w = wait_tail(end, 1);
+    recovery_watch = 0;
+    if (w == 2)
+        return recover_and_retry(c, JITCKPT_REC_SYNC, NULL, 0, 1);
+    if (w != 0) {
+        if (remote_proxy_lost && c->log)
+            return recover_and_retry(c, JITCKPT_REC_SYNC, "the device proxy died", 1, 1);
         return c->ret = cudaErrorDevicesUnavailable;
+    }
     c->rep = 0;
-    return c->ret = wire->ret;
+    c->ret = wire->ret;
+    if (c->log && remote_recovery_enabled()) {
+        if (c->ret == JITCKPT_RET_RECOVER || c->ret == JITCKPT_RET_DROPPED)
+            return recover_and_retry(c, JITCKPT_REC_SYNC, NULL, 0, 1);
+        if (remote_recoverable_error(fn, c->ret))
+            return recover_and_retry(c, JITCKPT_REC_SYNC, "a sticky device error", 1, 1);
+    }
+    if (c->ret == JITCKPT_RET_RECOVER || c->ret == JITCKPT_RET_DROPPED)
+        c->ret = cudaErrorUnknown;
+    return c->ret;
 }
 
 void remote_end(struct rcall *c)
@@ -395,6 +513,25 @@ void remote_end(struct rcall *c)
 cudaError_t remote_unavailable(void)
 {
     return cudaErrorDevicesUnavailable;
+}
+
+/* A minibatch ended (calllog.c): the proxy puts a marker on every stream, so
+ * that the log keeps only what the device has not completed (recover.c). */
+void remote_mark_minibatch(uint64_t index)
+{
+    remote_skipping = 0;
+    if (lock_held || !remote_recovery_enabled())
+        return;
+    pthread_mutex_lock(&call_lock);
+    if (wire && !dead) {
+        lock_held = 1;
+        struct rcall c;
+        remote_begin_locked(&c, JITCKPT_RFN_MARK);
+        rc_put(&c, &index, sizeof index);
+        append(&c, 0);
+        lock_held = 0;
+    }
+    pthread_mutex_unlock(&call_lock);
 }
 
 /* fork(): the child must not append to its parent's ring (the single producer

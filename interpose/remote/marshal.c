@@ -46,6 +46,14 @@ static void *reserve(struct rcall *c, size_t n, int out)
         c->overflow = 1;
         size = 0;
     }
+    if (c->nbuf < 4 && c->req + 16 <= JITCKPT_WIRE_REQ_MAX) {   /* for replay and retries (recover.c) */
+        c->buf_pos[c->nbuf] = (uint32_t)c->req;
+        c->buf_out[c->nbuf] = (uint32_t)out;
+        c->buf_len[c->nbuf] = size;
+        c->buf_ptr[c->nbuf++] = p;
+    } else {
+        c->log_in_over = 1;
+    }
     rc_put(c, &size, sizeof size);
     rc_put(c, &off, sizeof off);
     if (p && out)

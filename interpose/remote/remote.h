@@ -39,6 +39,14 @@ struct rcall {
     int arena_started;        /* arena_start is set */
     uint64_t arena_start;     /* the arena position of this call's first buffer */
     int32_t ret;
+    /* host buffers, in marshalling order (marshal.c): where each one's size and
+     * arena offset sit in the request, for replay and for a call made again
+     * after a recovery (recover.c) */
+    int nbuf;
+    uint32_t buf_pos[4];
+    uint32_t buf_out[4];
+    uint64_t buf_len[4];
+    void *buf_ptr[4];
     /* the call log (calllog.c): set by remote_begin, not by remote_begin_locked */
     int log;
     int log_nin, log_in_over;
@@ -60,6 +68,44 @@ extern const unsigned char remote_fn_async[RFN_count];
 
 /* calllog.c: the minibatch call log (jitckpt_remote_calllog.h) */
 void remote_log_call(struct rcall *c, uint32_t flags);
+#define LOG_SKIP 0x100u          /* a query or a wait: not replayed */
+#define LOG_NOREPLAY 0x200u      /* creates or destroys an object: a minibatch holding it cannot be replayed */
+struct log_rec {                 /* one logged call, as calllog_each gives it */
+    uint32_t fn, flags, req_len, nbuf;
+    const unsigned char *req;
+    const uint32_t *buf_pos, *buf_out;
+    const uint64_t *buf_len;
+    const unsigned char *input;  /* the input buffers' bytes, in order */
+};
+uint64_t calllog_minibatch(void);                    /* the current (host) minibatch */
+uint64_t calllog_first(void);                        /* the oldest minibatch still in the log */
+int calllog_enabled(void);
+const char *calllog_noreplay(uint64_t from);         /* why minibatches from..current cannot be replayed, or NULL */
+void calllog_set_noreplay(const char *why);          /* the current minibatch cannot be replayed */
+void calllog_drop_until(uint64_t done);              /* drop minibatches < done (the device completed them) */
+/* Calls fn for every logged call of minibatches >= from, in order, except the last
+ * `skip_last` calls; seg_end(index) after each complete minibatch.  0, or fn's error. */
+int32_t calllog_each(uint64_t from, int skip_last, int32_t (*fn)(const struct log_rec *r, void *arg),
+                     void (*seg_end)(uint64_t index, void *arg), void *arg);
+void calllog_skip_current(uint64_t new_minibatch);   /* recovery: drop everything; the next end makes new_minibatch */
+
+/* client.c: recovery's access to the transport (recover.c) */
+void remote_begin_locked(struct rcall *c, unsigned fn);
+uint64_t remote_append_raw(struct rcall *c, uint32_t flags);   /* the ring position after it, or 0 */
+int remote_wait(uint64_t until);                     /* 0, or -1: the proxy is gone */
+struct jitckpt_wire *remote_wire(void);
+uint64_t remote_ring_head(void);
+int remote_reconnect(void);
+int remote_proxy_alive(void);
+extern int remote_skipping;                          /* recover.c: the rest of a failed optimizer step is skipped */
+
+/* recover.c */
+int remote_recovery_enabled(void);
+int remote_recovery_check(void);                     /* under the call lock: 1 if a failure needs recovery */
+int32_t remote_recover(struct rcall *c, const char *why, int memory_lost, int pending_logged);
+int remote_recoverable_error(unsigned fn, int32_t ret);
+void remote_mark_minibatch(uint64_t index);          /* calllog.c, at a minibatch end: the proxy's marker */
+extern uint64_t remote_alloc_minibatch_of(uint64_t addr);
 
 /* marshal.c: arguments and results, in parameter order (jitckpt_remote_wire.h) */
 void rc_put(struct rcall *c, const void *p, size_t n);

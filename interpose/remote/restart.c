@@ -56,7 +56,7 @@
 
 /* ---- the tables (under the call lock) ------------------------------------------- */
 
-struct alloc { uint64_t addr, size; int device; void *saved; };
+struct alloc { uint64_t addr, size; int device; void *saved; uint64_t minibatch; };
 struct object { uint64_t vid; unsigned flags; int priority, device, nranks, rank; };
 enum reg_kind { REG_FATBIN, REG_FUNCTION, REG_VAR, REG_END, REG_INIT, REG_KERNEL };
 struct reg {
@@ -102,16 +102,41 @@ void remote_track_cudaSetDevice(int device) { current_device = device; }
 void remote_track_cudaMalloc(void **devPtr, size_t size)
 {
     if (devPtr && *devPtr)
-        PUSH(allocs, ((struct alloc){(uintptr_t)*devPtr, size, current_device, NULL}));
+        PUSH(allocs, ((struct alloc){(uintptr_t)*devPtr, size, current_device, NULL, calllog_minibatch()}));
 }
 
 void remote_track_cudaFree(void *devPtr)
 {
     for (size_t i = 0; i < n_allocs; i++)
         if (allocs[i].addr == (uintptr_t)devPtr) {
-            allocs[i] = allocs[--n_allocs];
+            if (allocs[i].minibatch < calllog_minibatch())  /* a replay could not bring its bytes back */
+                calllog_set_noreplay("it frees device memory allocated before it");
+            /* Keep the order of allocation (recover.c frees and a replay re-makes them in order). */
+            memmove(&allocs[i], &allocs[i + 1], (n_allocs - i - 1) * sizeof *allocs);
+            n_allocs--;
             return;
         }
+}
+
+/* ---- for recovery (recover.c) ------------------------------------------------------- */
+
+size_t restart_n_allocs(void) { return n_allocs; }
+
+void restart_alloc(size_t i, uint64_t *addr, uint64_t *size, uint64_t *minibatch)
+{
+    *addr = allocs[i].addr;
+    *size = allocs[i].size;
+    *minibatch = allocs[i].minibatch;
+}
+
+size_t restart_n_comms(void) { return n_comms; }
+
+void restart_comm(size_t i, uint64_t *vid, int *nranks, int *rank, int *device)
+{
+    *vid = comms[i].vid;
+    *nranks = comms[i].nranks;
+    *rank = comms[i].rank;
+    *device = comms[i].device;
 }
 
 void remote_track_cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority)
@@ -285,7 +310,8 @@ static char **new_envp(void)
     char **v = calloc(n + 1, sizeof *v);
     size_t k = 0;
     for (size_t i = 0; v && i < n; i++)
-        if (!(strncmp(proxy_envp[i], "LD_PRELOAD=", 11) == 0 && strstr(proxy_envp[i], "libjitckpt_remote")))
+        if (!(strncmp(proxy_envp[i], "LD_PRELOAD=", 11) == 0 && strstr(proxy_envp[i], "libjitckpt_remote")) &&
+            strncmp(proxy_envp[i], "JITCKPT_SIMDEV_FAULT=", 21) != 0)     /* an injected fault is one event */
             v[k++] = proxy_envp[i];
     return v;
 }
@@ -475,6 +501,8 @@ static int32_t replay_reg(struct rcall *c, const struct reg *r)
 
 static const char *what_failed;
 
+static int skip_comms;          /* recovery rebuilds the communicators itself (recover.c) */
+
 /* Everything but the bytes, in the new proxy. */
 static int32_t recreate(struct rcall *c)
 {
@@ -499,7 +527,7 @@ static int32_t recreate(struct rcall *c)
                               &events[i].device, 4, NULL, 0)))
             return err;
     what_failed = "re-creating the communicators";
-    for (size_t i = 0; i < n_comms; i++)
+    for (size_t i = 0; i < n_comms && !skip_comms; i++)
         if ((err = rst_simple(c, JITCKPT_RFN_RST_COMM, &comms[i].vid, 8, &comms[i].nranks, 4, &comms[i].rank, 4,
                               &comms[i].device, 4)))
             return err;
@@ -534,6 +562,22 @@ static int replace_proxy(void)
     if (remote_reconnect() != 0)
         return -1;
     return 0;
+}
+
+/* Recovery (recover.c): a new proxy in place of the old (alive or not), with
+ * the allocations, registrations, streams and events re-created; not the
+ * communicators (rebuilt with the recovery's rendezvous) nor the bytes. */
+const char *restart_replace_and_recreate(void)
+{
+    proxy_pid = remote_proxy_alive() ? proxy_pid : 0;
+    if (replace_proxy() != 0)
+        return "starting a new device proxy";
+    struct rcall c;
+    remote_begin_locked(&c, 0);
+    skip_comms = 1;
+    int32_t err = recreate(&c);
+    skip_comms = 0;
+    return err ? what_failed : NULL;
 }
 
 static int restarting;          /* a driver-suspect restart is under way: a dying proxy is its error */

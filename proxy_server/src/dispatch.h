@@ -46,4 +46,6 @@ void rd_put(struct rdisp *d, const void *p, size_t n);
 void rd_put_new_handle(struct rdisp *d, int kind, void *real);
 void rd_put_string(struct rdisp *d, const char *s);
 
+void watch_comm_added(ncclComm_t c);                 /* watch.c: a communicator to watch (restore.c's rebuild) */
+
 #endif

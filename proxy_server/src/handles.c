@@ -154,3 +154,35 @@ void vh_forget(int kind, uint64_t vid)
         }
     }
 }
+
+/* Recovery (watch.c, restore.c): the same id, a new real handle (a rebuilt
+ * communicator).  -1 if the id was never bound. */
+int vh_rebind(int kind, uint64_t vid, void *real)
+{
+    struct table *t = &tables[kind];
+    if (vid == 0 || t->cap == 0 || !real)
+        return -1;
+    for (size_t j = hash(vid, t->cap);; j = (j + 1) & (t->cap - 1)) {
+        if (t->slots[j].vid == 0)
+            return -1;
+        if (t->slots[j].vid == vid) {
+            t->slots[j].real = real;
+            return 0;
+        }
+    }
+}
+
+/* Calls fn for every live handle of a kind (the watcher's communicators, the
+ * markers' streams).  Returns how many. */
+size_t vh_each(int kind, void (*fn)(uint64_t vid, void *real, void *arg), void *arg)
+{
+    struct table *t = &tables[kind];
+    size_t n = 0;
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->slots[i].vid && t->slots[i].real) {
+            if (fn)
+                fn(t->slots[i].vid, t->slots[i].real, arg);
+            n++;
+        }
+    return n;
+}

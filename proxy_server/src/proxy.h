@@ -62,6 +62,26 @@ int vh_lookup(int kind, uint64_t vid, void **real);
 void vh_forget(int kind, uint64_t vid);
 int vh_bind(int kind, uint64_t vid, void *real);
 void vh_expect(int kind, uint64_t vid);
+int vh_rebind(int kind, uint64_t vid, void *real);
+size_t vh_each(int kind, void (*fn)(uint64_t vid, void *real, void *arg), void *arg);
+
+/* watch.c: collectives in flight, holding back dependent work, minibatch
+ * markers, aborts (README.md, "Recovery") */
+int watch_start(struct jitckpt_wire *w);
+void watch_before(unsigned fn);                      /* a record is about to execute */
+int watch_handle(int kind, uint64_t vid);            /* rdisp.c: 0, or -1: the record is dropped (an abort) */
+void watch_after(unsigned fn, int32_t ret);          /* the record executed */
+int watch_record_dropped(void);                      /* 1: the record just executed was dropped instead */
+int watch_dropping(uint64_t pos);                    /* 1: drop the unexecuted record at this ring position */
+int watch_is_comm_init(unsigned fn);
+void watch_comm_created(const unsigned char *rep, size_t n);
+void watch_mark(uint64_t index);                     /* a minibatch marker on every stream */
+uint64_t watch_done_marker(void);
+void watch_set_done_marker(uint64_t v);
+void watch_clear(void);                              /* recovery done: forget collectives and markers */
+
+/* serve.c: the errors asynchronous calls left (restore.c's RST_CLEAR takes them) */
+int32_t serve_take_pending(void);
 
 /* devmem.c: device memory in the reserved range (README.md, "Device pointers") */
 int32_t devmem_malloc(void **ptr, size_t size);

@@ -27,7 +27,9 @@ int rd_get_handle(struct rdisp *d, int kind, uint64_t *vid, void **real)
 {
     if (rd_get(d, vid, sizeof *vid) != 0)
         return -1;
-    return vh_lookup(kind, *vid, real);
+    if (vh_lookup(kind, *vid, real) != 0)
+        return -1;
+    return watch_handle(kind, *vid);        /* may hold the record back (watch.c), or drop it */
 }
 
 int rd_get_string(struct rdisp *d, char **out)

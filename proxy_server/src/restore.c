@@ -25,6 +25,11 @@ static __typeof__(cudaMemcpyFromSymbol) *r_from_symbol;
 static __typeof__(cudaMemcpyToSymbol) *r_to_symbol;
 static __typeof__(ncclGetUniqueId) *r_unique_id;
 static __typeof__(ncclCommInitRank) *r_comm_init;
+static __typeof__(ncclSend) *r_send;
+static __typeof__(ncclRecv) *r_recv;
+static __typeof__(ncclGroupStart) *r_group_start;
+static __typeof__(ncclGroupEnd) *r_group_end;
+static __typeof__(cudaGetLastError) *r_last_error;
 
 static void resolve(void)
 {
@@ -41,6 +46,13 @@ static void resolve(void)
     r_unique_id = (__typeof__(r_unique_id))proxy_sym(nccl, "ncclGetUniqueId");
     r_comm_init = (__typeof__(r_comm_init))proxy_sym(nccl, "ncclCommInitRank");
     r_count = (__typeof__(r_count))proxy_sym(cudart, "cudaGetDeviceCount");
+    r_last_error = (__typeof__(r_last_error))proxy_sym(cudart, "cudaGetLastError");
+    if (nccl) {
+        r_send = (__typeof__(r_send))proxy_sym(nccl, "ncclSend");
+        r_recv = (__typeof__(r_recv))proxy_sym(nccl, "ncclRecv");
+        r_group_start = (__typeof__(r_group_start))proxy_sym(nccl, "ncclGroupStart");
+        r_group_end = (__typeof__(r_group_end))proxy_sym(nccl, "ncclGroupEnd");
+    }
 }
 
 static int32_t on_device(int device)
@@ -174,6 +186,99 @@ static int32_t device(struct rdisp *d)
     return err;
 }
 
+/* ---- recovery (milestone 4; README.md, "Recovery") --------------------------------- */
+
+static int32_t unique_id(struct rdisp *d)
+{
+    ncclUniqueId id;
+    if (!r_unique_id || r_unique_id(&id) != ncclSuccess)
+        return cudaErrorUnknown;
+    rd_put(d, &id, sizeof id);
+    return 0;
+}
+
+/* The communicator behind a virtual id, rebuilt with the id of this recovery's
+ * rendezvous (the old one was aborted, or died with the old proxy). */
+static int32_t comm_rebuild(struct rdisp *d)
+{
+    uint64_t vid;
+    int32_t nranks, rank, device;
+    ncclUniqueId id;
+    if (rd_get(d, &vid, sizeof vid) || rd_get(d, &nranks, sizeof nranks) || rd_get(d, &rank, sizeof rank) ||
+        rd_get(d, &device, sizeof device) || rd_get(d, &id, sizeof id))
+        return RD_BAD;
+    if (!r_comm_init)
+        return cudaErrorNotSupported;
+    int32_t err = on_device(device);
+    if (err)
+        return err;
+    ncclComm_t c = NULL;
+    ncclResult_t r = r_comm_init(&c, nranks, id, rank);
+    if (r != ncclSuccess) {
+        plog("rebuilding a communicator (rank %d of %d) failed: NCCL error %d", rank, nranks, (int)r);
+        return cudaErrorUnknown;
+    }
+    void *old = NULL;
+    if (vh_lookup(VH_COMM, vid, &old) == 0 ? vh_rebind(VH_COMM, vid, c) : vh_bind(VH_COMM, vid, c))
+        return cudaErrorInvalidResourceHandle;
+    watch_comm_added(c);
+    return 0;
+}
+
+/* One allocation's bytes from the root of a recovery to a rank that lost them. */
+static int32_t xfer(struct rdisp *d)
+{
+    uint64_t vid, addr, n;
+    int32_t peer, send;
+    void *c = NULL;
+    if (rd_get(d, &vid, sizeof vid) || rd_get(d, &peer, sizeof peer) || rd_get(d, &send, sizeof send) ||
+        rd_get(d, &addr, sizeof addr) || rd_get(d, &n, sizeof n))
+        return RD_BAD;
+    if (vh_lookup(VH_COMM, vid, &c) != 0 || !c)
+        return cudaErrorInvalidResourceHandle;
+    if (!r_send || !r_recv)
+        return cudaErrorNotSupported;
+    ncclResult_t r = r_group_start();
+    if (r == ncclSuccess)
+        r = send ? r_send((void *)(uintptr_t)addr, n, ncclUint8, peer, (ncclComm_t)c, 0)
+                 : r_recv((void *)(uintptr_t)addr, n, ncclUint8, peer, (ncclComm_t)c, 0);
+    ncclResult_t e = r_group_end();
+    if (r == ncclSuccess)
+        r = e;
+    if (r != ncclSuccess)
+        return cudaErrorUnknown;
+    return sync_all();
+}
+
+/* Recovery is over: the errors the replayed calls left (cudaErrorNotReady of
+ * replayed queries aside), then a clean slate. */
+static int32_t clear(struct rdisp *d)
+{
+    int32_t err = sync_all();
+    int32_t first = serve_take_pending();
+    if (first == cudaErrorNotReady)
+        first = 0;
+    if (err)
+        first = err;
+    if (r_last_error)
+        r_last_error();
+    uint64_t done;
+    if (rd_get(d, &done, sizeof done) == 0)
+        watch_set_done_marker(done);
+    watch_clear();
+    rd_put(d, &first, sizeof first);
+    return 0;
+}
+
+static int32_t health(struct rdisp *d)
+{
+    int32_t err = sync_all();
+    uint64_t done = watch_done_marker();
+    rd_put(d, &err, sizeof err);
+    rd_put(d, &done, sizeof done);
+    return 0;
+}
+
 int32_t dispatch_restore(unsigned fn, struct rdisp *d, int *handled)
 {
     *handled = 1;
@@ -191,6 +296,11 @@ int32_t dispatch_restore(unsigned fn, struct rdisp *d, int *handled)
     case JITCKPT_RFN_RST_SYM_READ:
     case JITCKPT_RFN_RST_SYM_WRITE: return copy(d, fn);
     case JITCKPT_RFN_RST_DEVICE: return device(d);
+    case JITCKPT_RFN_RST_UNIQUE_ID: return unique_id(d);
+    case JITCKPT_RFN_RST_COMM_REBUILD: return comm_rebuild(d);
+    case JITCKPT_RFN_RST_XFER: return xfer(d);
+    case JITCKPT_RFN_RST_CLEAR: return clear(d);
+    case JITCKPT_RFN_RST_HEALTH: return health(d);
     default:
         *handled = 0;
         return 0;

@@ -74,6 +74,14 @@ static int32_t execute(struct jitckpt_wire *w, uint64_t arena_size, unsigned fn,
                       .req_len = req_len};
     int32_t ret;
     int handled = 0;
+    if (fn == JITCKPT_RFN_MARK) {                       /* a minibatch marker (watch.c) */
+        uint64_t index;
+        if (rd_get(&d, &index, sizeof index) != 0)
+            return RD_BAD;
+        watch_mark(index);
+        shadow->rep_len = 0;
+        return 0;
+    }
     ret = dispatch_special(fn, &d, &handled);
     if (!handled) {
         if (fn < RFN_count && dispatch_generated[fn].fn) {
@@ -103,6 +111,32 @@ static int32_t settle(unsigned fn, int32_t ret)
     if (ret == 0 && *pending != 0)
         ret = *pending;
     *pending = 0;
+    return ret;
+}
+
+int32_t serve_take_pending(void)
+{
+    int32_t e = pending_cuda ? pending_cuda : pending_nccl;
+    pending_cuda = pending_nccl = 0;
+    return e;
+}
+
+/* A synchronous call whose answer would show the program a failure that
+ * transparent recovery repairs (the worker asked for recovery:
+ * recovery_on): ncclCommGetAsyncError reporting a peer's failure becomes
+ * JITCKPT_RET_RECOVER, which the worker answers by recovering and making the
+ * call again.  A successful ncclCommInitRank's communicator is watched. */
+static int32_t recover_first(unsigned fn, int32_t ret, struct jitckpt_wire *w)
+{
+    if (ret == 0 && watch_is_comm_init(fn))
+        watch_comm_created(shadow->rep, shadow->rep_len);
+    if (ret == 0 && fn == RFN_ncclCommGetAsyncError && __atomic_load_n(&w->recovery_on, __ATOMIC_SEQ_CST) &&
+        shadow->rep_len >= sizeof(int32_t)) {
+        int32_t async;
+        memcpy(&async, shadow->rep, sizeof async);
+        if (async != ncclSuccess && async != ncclInProgress)
+            return JITCKPT_RET_RECOVER;
+    }
     return ret;
 }
 
@@ -179,6 +213,7 @@ int serve(int sock, struct jitckpt_wire *w)
     if (!shadow)
         return -1;
     memcpy(shadow, w, offsetof(struct jitckpt_wire, ring_head));     /* the layout, for d->w's readers */
+    watch_start(w);
     uint64_t tail = 0, arena_end = 0;
     for (;;) {
         uint64_t head = __atomic_load_n(&w->ring_head, __ATOMIC_ACQUIRE);
@@ -204,8 +239,27 @@ int serve(int sock, struct jitckpt_wire *w)
         if (rec.arena_end < arena_end)
             return broken("arena position going back", tail);
         memcpy(shadow->req, ring + off + sizeof rec, rec.req_len);
-        int32_t ret = execute(w, arena_size, rec.fn, rec.req_len);
-        if (rec.flags & JITCKPT_REC_SYNC) {
+        int32_t ret;
+        int dropped = watch_dropping(tail);             /* an abort covers it (watch.c) */
+        if (!dropped) {
+            watch_before(rec.fn);
+            ret = execute(w, arena_size, rec.fn, rec.req_len);
+            dropped = watch_record_dropped();
+            if (!dropped)
+                watch_after(rec.fn, ret);
+        }
+        if (dropped) {
+            ret = JITCKPT_RET_DROPPED;
+            shadow->rep_len = 0;
+        } else if (rec.flags & JITCKPT_REC_SYNC) {
+            ret = recover_first(rec.fn, ret, w);
+        }
+        if (dropped) {
+            if (rec.flags & JITCKPT_REC_SYNC) {
+                w->rep_len = 0;
+                w->ret = ret;
+            }
+        } else if (rec.flags & JITCKPT_REC_SYNC) {
             ret = settle(rec.fn, ret);
             memcpy(w->rep, shadow->rep, shadow->rep_len);
             w->rep_len = shadow->rep_len;

@@ -1,0 +1,555 @@
+/* recover.c -- transparent recovery in the worker (milestone 4; paper
+ * section 4.2; proxy_server/README.md, "Recovery").
+ *
+ * A failure is noticed under a call of the program, never by the program:
+ *   - a collective unfinished for longer than JITCKPT_HANG_TIMEOUT seconds
+ *     (the proxy's watcher publishes when the oldest one was enqueued),
+ *   - an asynchronous communicator error (a peer aborted or died),
+ *   - a sticky device error (cudaErrorIllegalAddress, a lost device, ...),
+ *   - a proxy that died (SIGKILL, a crash).
+ * Every rank then recovers together:
+ *   1. stop: the proxy aborts its communicators and drops the records not yet
+ *      executed; work that depended on an unfinished collective was held back
+ *      (proxy_server/src/watch.c), so the parameters and optimizer state are
+ *      still those of the start of the oldest minibatch the device has not
+ *      completed;
+ *   2. a rank whose device memory is gone (sticky error, lost device, dead
+ *      proxy) gets a new proxy with every allocation at its address;
+ *   3. the ranks meet through torchrun's store (python -m
+ *      jitckpt.transparent.rendezvous): each reports whether its memory is
+ *      intact, the minibatch its device completed, what its log holds, and
+ *      rank 0 a new NCCL id;
+ *   4. every rank decides the same: K, the minibatch to resume at (the newest
+ *      any intact rank completed), the root (the lowest intact rank at K), and
+ *      the ranks that need a copy of the root's memory;
+ *   5. the allocations made since the start of K are freed, the communicators
+ *      rebuilt behind the same virtual ids, the root sends its allocations to
+ *      the ranks that need them (the replica fetch), and each rank replays its
+ *      logged calls of minibatches K, K+1, ... (the call in progress last);
+ *   6. a rank that failed inside minibatch K-1's optimizer step (its
+ *      replicas completed it) takes the replica's memory and skips the rest
+ *      of that step: its calls until jitckpt_phase_optimizer_end do nothing.
+ * Then the call the program was in is made again and returns its answer.
+ * Anything that makes this impossible (a minibatch that created objects, a
+ * log that was switched off, allocations that differ from the root's, no
+ * intact rank) stops every rank with exit status 75 and the reason: the job
+ * launcher then restarts from the last checkpoint.  Never a wrong answer. */
+
+#include "remote.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "jitckpt_remote_restart.h"
+
+#define EXIT_NO_RECOVERY 75
+#define MAX_WORLD 1024
+
+/* restart.c */
+size_t restart_n_allocs(void);
+void restart_alloc(size_t i, uint64_t *addr, uint64_t *size, uint64_t *minibatch);
+size_t restart_n_comms(void);
+void restart_comm(size_t i, uint64_t *vid, int *nranks, int *rank, int *device);
+const char *restart_replace_and_recreate(void);
+extern int remote_proxy_lost;
+
+static int configured, enabled, in_recovery, world = 1, rank;
+static double hang_timeout = 30.0;
+static int generation;
+static uint64_t last_done;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void configure(void)
+{
+    if (configured)
+        return;
+    configured = 1;
+    const char *w = getenv("WORLD_SIZE"), *r = getenv("RANK"), *off = getenv("JITCKPT_TRANSPARENT_RECOVERY");
+    const char *t = getenv("JITCKPT_HANG_TIMEOUT");
+    world = w && *w ? atoi(w) : 1;
+    rank = r && *r ? atoi(r) : 0;
+    if (t && *t) {
+        char *end;
+        double v = strtod(t, &end);
+        if (*end == '\0' && v > 0)
+            hang_timeout = v;
+        else
+            rlog("JITCKPT_HANG_TIMEOUT=%s is not a number of seconds; using %.0f", t, hang_timeout);
+    }
+    /* One rank has no replica to recover from: errors reach the program as before. */
+    enabled = world > 1 && world <= MAX_WORLD && !(off && strcmp(off, "0") == 0) && getenv("MASTER_ADDR") &&
+              getenv("MASTER_PORT");
+}
+
+int remote_recovery_enabled(void)
+{
+    configure();
+    return enabled && !in_recovery;
+}
+
+int remote_recoverable_error(unsigned fn, int32_t ret)
+{
+    if (ret == 0)
+        return 0;
+    const int nccl = fn >= RFN_ncclAllGather && fn <= RFN_ncclSend;     /* remote_fns.h orders names */
+    if (nccl)
+        return ret == ncclUnhandledCudaError || ret == ncclSystemError || ret == ncclRemoteError ||
+               ret == ncclInternalError;
+    return ret == cudaErrorIllegalAddress || ret == cudaErrorLaunchFailure || ret == cudaErrorDevicesUnavailable ||
+           ret == cudaErrorECCUncorrectable || ret == cudaErrorHardwareStackError ||
+           ret == cudaErrorIllegalInstruction || ret == cudaErrorMisalignedAddress ||
+           ret == cudaErrorInvalidAddressSpace || ret == cudaErrorInvalidPc || ret == cudaErrorLaunchTimeout;
+}
+
+int remote_recovery_check(void)
+{
+    if (!remote_recovery_enabled())
+        return 0;
+    struct jitckpt_wire *w = remote_wire();
+    if (!w)
+        return 0;
+    if (!__atomic_load_n(&w->recovery_on, __ATOMIC_RELAXED))
+        __atomic_store_n(&w->recovery_on, 1, __ATOMIC_SEQ_CST);
+    uint64_t done = __atomic_load_n(&w->done_marker, __ATOMIC_ACQUIRE);
+    if (done > last_done) {
+        calllog_drop_until(done);
+        last_done = done;
+    }
+    if (__atomic_load_n(&w->comm_error, __ATOMIC_ACQUIRE) || __atomic_load_n(&w->device_error, __ATOMIC_ACQUIRE))
+        return 1;
+    uint64_t t = __atomic_load_n(&w->coll_oldest_ns, __ATOMIC_ACQUIRE);
+    if (t) {
+        struct timespec n;
+        clock_gettime(CLOCK_MONOTONIC, &n);
+        uint64_t now = (uint64_t)n.tv_sec * 1000000000ull + (uint64_t)n.tv_nsec;
+        if (now > t && (double)(now - t) * 1e-9 > hang_timeout)
+            return 1;
+    }
+    return 0;
+}
+
+static void __attribute__((noreturn, format(printf, 1, 2))) give_up(const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    rlog("rank %d: transparent recovery is not possible: %s; stopping (exit status %d) so that the job restarts "
+         "from its last checkpoint", rank, msg, EXIT_NO_RECOVERY);
+    fflush(stdout);
+    _exit(EXIT_NO_RECOVERY);
+}
+
+/* ---- the calls of the protocol (restart protocol ids; not logged) ------------------- */
+
+static int32_t simple(unsigned fn, const void *a, size_t na, struct rcall *c)
+{
+    remote_begin_locked(c, fn);
+    if (na)
+        rc_put(c, a, na);
+    return remote_call(c);
+}
+
+static uint64_t alloc_hash(uint64_t before)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < restart_n_allocs(); i++) {
+        uint64_t a, s, mb;
+        restart_alloc(i, &a, &s, &mb);
+        if (mb >= before)
+            continue;
+        for (int k = 0; k < 8; k++) { h ^= (a >> (8 * k)) & 0xff; h *= 1099511628211ull; }
+        for (int k = 0; k < 8; k++) { h ^= (s >> (8 * k)) & 0xff; h *= 1099511628211ull; }
+    }
+    return h;
+}
+
+/* ---- the rendezvous through torchrun's store ---------------------------------------- */
+
+struct report {
+    int mem, have;
+    unsigned long long done, first, host, allocs;
+    char cannot[64];
+    char id[2 * sizeof(ncclUniqueId) + 1];
+};
+
+static int parse_report(const char *tok, struct report *r)
+{
+    memset(r, 0, sizeof *r);
+    int n = sscanf(tok, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%llx;cannot=%63[^;];id=%256s", &r->mem,
+                   &r->done, &r->first, &r->host, &r->allocs, r->cannot, r->id);
+    r->have = n == 7;
+    return r->have ? 0 : -1;
+}
+
+/* Runs the rendezvous helper: our token in, every rank's out.  0, or -1 (said). */
+static int rendezvous(const char *token, struct report *all)
+{
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+        rlog("rendezvous: pipe: %s", strerror(errno));
+        return -1;
+    }
+    char gen[32];
+    snprintf(gen, sizeof gen, "%d", generation);
+    const char *py = getenv("JITCKPT_PYTHON");
+    if (!py || !*py)
+        py = "python3";
+    pid_t p = fork();
+    if (p < 0)
+        return -1;
+    if (p == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        unsetenv("LD_PRELOAD");            /* the helper is not a CUDA program */
+        execlp(py, py, "-m", "jitckpt.transparent.rendezvous", "--generation", gen, (char *)NULL);
+        fprintf(stderr, "jitckpt remote: cannot run %s: %s\n", py, strerror(errno));
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    size_t tl = strlen(token);
+    if (write(in[1], token, tl) != (ssize_t)tl || write(in[1], "\n", 1) != 1)
+        rlog("rendezvous: cannot write to the helper");
+    close(in[1]);
+    size_t cap = (size_t)world * 9000 + 1, got = 0;
+    char *text = malloc(cap);
+    ssize_t n;
+    while (text && got < cap - 1 && (n = read(out[0], text + got, cap - 1 - got)) != 0) {
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            break;
+        got += (size_t)n;
+    }
+    close(out[0]);
+    int status = 0;
+    while (waitpid(p, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (!text || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        free(text);
+        rlog("rendezvous: the helper failed (status %d; its message is above)",
+             WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return -1;
+    }
+    text[got] = '\0';
+    int seen = 0;
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        int r;
+        char tok[9000];
+        if (sscanf(line, "%d %8999s", &r, tok) == 2 && r >= 0 && r < world && parse_report(tok, &all[r]) == 0)
+            seen++;
+    }
+    free(text);
+    if (seen != world) {
+        rlog("rendezvous: %d of %d reports understood", seen, world);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- replay ------------------------------------------------------------------------- */
+
+struct replay_state { uint64_t calls; };
+
+static int32_t replay_one(const struct log_rec *r, void *arg)
+{
+    if (r->flags & LOG_SKIP)
+        return 0;
+    struct rcall c;
+    remote_begin_locked(&c, r->fn);
+    memcpy(c.w->req, r->req, r->req_len);
+    c.req = r->req_len;
+    const unsigned char *in = r->input;
+    for (uint32_t j = 0; j < r->nbuf && j < 4; j++) {
+        uint64_t off = 0, n = r->buf_len[j];
+        if (n) {
+            void *p = remote_arena_alloc(&c, n, &off);
+            if (!p)
+                return cudaErrorNotSupported;
+            if (!r->buf_out[j]) {
+                memcpy(p, in, n);
+                in += n;
+            }
+        }
+        memcpy(c.w->req + r->buf_pos[j] + 8, &off, sizeof off);
+    }
+    if (getenv("JITCKPT_REMOTE_REPLAY_TRACE")) {
+        uint64_t h = 1469598103934665603ull;
+        for (uint32_t i = 0; i < r->req_len; i++) { h ^= c.w->req[i]; h *= 1099511628211ull; }
+        rlog("replay: fn %u flags %#x req %u bytes (%016llx), %u buffers", r->fn, r->flags, r->req_len,
+             (unsigned long long)h, r->nbuf);
+    }
+    if (remote_append_raw(&c, 0) == 0)
+        return cudaErrorDevicesUnavailable;
+    ((struct replay_state *)arg)->calls++;
+    return 0;
+}
+
+static void replay_mark(uint64_t index, void *arg)
+{
+    (void)arg;
+    struct rcall c;
+    remote_begin_locked(&c, JITCKPT_RFN_MARK);
+    rc_put(&c, &index, sizeof index);
+    remote_append_raw(&c, 0);
+}
+
+/* ---- the recovery ------------------------------------------------------------------- */
+
+static void hex(const unsigned char *p, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        sprintf(out + 2 * i, "%02x", p[i]);
+}
+
+static int unhex(const char *s, unsigned char *p, size_t n)
+{
+    if (strlen(s) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1)
+            return -1;
+        p[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
+int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int pending_logged)
+{
+    (void)c0;
+    struct rcall c;
+    double t0 = now_s();
+    in_recovery = 1;
+    generation++;
+    struct jitckpt_wire *w = remote_wire();
+    char reason[160];
+    if (why) {
+        snprintf(reason, sizeof reason, "%s", why);
+    } else if (w && w->device_error) {
+        snprintf(reason, sizeof reason, "a sticky device error (%d)", (int)w->device_error);
+        memory_lost = 1;
+    } else if (w && w->comm_error) {
+        snprintf(reason, sizeof reason, "a communicator reported NCCL error %d (a peer failed)", (int)w->comm_error);
+    } else {
+        snprintf(reason, sizeof reason, "a collective did not complete within JITCKPT_HANG_TIMEOUT=%g s",
+                 hang_timeout);
+    }
+    rlog("rank %d: %s: recovering transparently (recovery %d)", rank, reason, generation);
+
+    /* 1. Stop: abort the communicators, drop what was not executed. */
+    int alive = !remote_proxy_lost && remote_proxy_alive();
+    if (alive) {
+        uint64_t head = remote_ring_head();
+        __atomic_store_n(&w->abort_before, head ? head : 1, __ATOMIC_SEQ_CST);
+        double until = now_s() + 10.0;
+        while ((__atomic_load_n(&w->ring_tail, __ATOMIC_ACQUIRE) < head ||
+                !__atomic_load_n(&w->abort_done, __ATOMIC_ACQUIRE)) && now_s() < until && remote_proxy_alive()) {
+            struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (__atomic_load_n(&w->ring_tail, __ATOMIC_ACQUIRE) < head || !remote_proxy_alive()) {
+            rlog("rank %d: the device proxy did not stop within 10 s: replacing it", rank);
+            alive = 0;
+        }
+    }
+    double t_stop = now_s();
+
+    /* 2. This rank's memory. */
+    int mem = alive && !memory_lost;
+    uint64_t done = 0;
+    if (mem) {
+        int32_t dev = -1;
+        if (simple(JITCKPT_RFN_RST_HEALTH, NULL, 0, &c) == 0 && rc_get(&c, &dev, sizeof dev) == 0 &&
+            rc_get(&c, &done, sizeof done) == 0 && dev == 0)
+            calllog_drop_until(done);
+        else
+            mem = 0;
+    }
+    if (!mem) {
+        const char *failed = restart_replace_and_recreate();
+        if (failed)
+            give_up("the replacement device proxy failed %s", failed);
+        remote_proxy_lost = 0;
+    }
+    w = remote_wire();
+    double t_restart = now_s();
+
+    /* 3. The report. */
+    uint64_t first = calllog_first(), host = calllog_minibatch();
+    const char *cannot = "none";
+    uint64_t vid = 0;
+    int nranks = 0, crank = 0, cdev = 0;
+    if (restart_n_comms() != 1) {
+        cannot = "communicators";
+    } else {
+        restart_comm(0, &vid, &nranks, &crank, &cdev);
+        if (nranks != world || crank != rank)
+            cannot = "communicators";
+    }
+    char id[2 * sizeof(ncclUniqueId) + 1] = "-";
+    if (rank == 0 && strcmp(cannot, "none") == 0) {
+        if (simple(JITCKPT_RFN_RST_UNIQUE_ID, NULL, 0, &c) == 0) {
+            ncclUniqueId u;
+            if (rc_get(&c, &u, sizeof u) == 0)
+                hex((const unsigned char *)&u, sizeof u, id);
+        } else {
+            cannot = "nccl-id";
+        }
+    }
+    char token[512];
+    snprintf(token, sizeof token, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%016llx;cannot=%s;id=%s", mem,
+             (unsigned long long)(mem ? done : 0), (unsigned long long)first, (unsigned long long)host,
+             (unsigned long long)alloc_hash(first < host ? first : host), cannot, id);
+    static struct report all[MAX_WORLD];
+    if (rendezvous(token, all) != 0)
+        give_up("the ranks could not meet through torchrun's store");
+    double t_rdzv = now_s();
+
+    /* 4. The same decision on every rank. */
+    uint64_t K = 0;
+    int root = -1;
+    for (int r = 0; r < world; r++) {
+        if (strcmp(all[r].cannot, "none") != 0)
+            give_up("rank %d cannot take part (%s: transparent mode recovers one communicator of all ranks)", r,
+                    all[r].cannot);
+        if (all[r].mem && all[r].done >= K)
+            K = all[r].done;
+    }
+    for (int r = 0; r < world && root < 0; r++)
+        if (all[r].mem && all[r].done == K)
+            root = r;
+    if (root < 0)
+        give_up("no rank kept its device memory: there is no replica to copy from");
+    int need_fetch[MAX_WORLD], nfetch = 0;
+    for (int r = 0; r < world; r++) {
+        need_fetch[r] = !all[r].mem || all[r].done < K;
+        if (need_fetch[r]) {
+            nfetch++;
+            if (all[r].allocs != all[root].allocs)
+                give_up("rank %d lost its device memory and its allocations differ from rank %d's: no replica holds "
+                        "its state", r, root);
+        }
+    }
+    int skip = 0;
+    if (need_fetch[rank]) {
+        if (host + 1 == K)
+            skip = 1;                              /* failed in K-1's optimizer step: the replica finished it */
+        else if (host < K || first > K)
+            give_up("this rank's call log (minibatches %llu..%llu) does not hold minibatch %llu",
+                    (unsigned long long)first, (unsigned long long)host, (unsigned long long)K);
+    } else if (first != K) {
+        give_up("this rank's device completed minibatch %llu but the resume point is %llu",
+                (unsigned long long)first, (unsigned long long)K);
+    }
+    const char *noreplay = skip ? NULL : calllog_noreplay(K);
+    if (noreplay)
+        give_up("minibatch %llu cannot be replayed: %s", (unsigned long long)K, noreplay);
+    if (!skip && K == 0)
+        give_up("minibatch 0 holds the program's set-up and cannot be replayed");
+    if (!skip)
+        calllog_drop_until(K);
+
+    /* 5. Free what the minibatches from K allocated (the replay makes it again, at the same addresses). */
+    if (!skip)
+        for (size_t i = restart_n_allocs(); i-- > 0;) {
+            uint64_t a, s, mb;
+            restart_alloc(i, &a, &s, &mb);
+            if (mb < K)
+                continue;
+            void *p = (void *)(uintptr_t)a;
+            remote_begin_locked(&c, RFN_cudaFree);
+            rc_put(&c, &p, sizeof p);
+            remote_call(&c);
+        }
+    /* The communicator, behind the same virtual id. */
+    ncclUniqueId u;
+    if (unhex(all[0].id, (unsigned char *)&u, sizeof u) != 0)
+        give_up("rank 0 sent no NCCL id");
+    remote_begin_locked(&c, JITCKPT_RFN_RST_COMM_REBUILD);
+    rc_put(&c, &vid, sizeof vid);
+    rc_put(&c, &nranks, sizeof nranks);
+    rc_put(&c, &crank, sizeof crank);
+    rc_put(&c, &cdev, sizeof cdev);
+    rc_put(&c, &u, sizeof u);
+    if (remote_call(&c) != 0)
+        give_up("rebuilding the communicator failed");
+    /* The abort is over: forget what was in flight (the replay's own work must not be dropped). */
+    uint64_t resume = skip ? K - 1 : K;
+    int32_t left = -1;
+    remote_begin_locked(&c, JITCKPT_RFN_RST_CLEAR);
+    rc_put(&c, &resume, sizeof resume);
+    if (remote_call(&c) != 0 || rc_get(&c, &left, sizeof left) != 0)
+        give_up("the device proxy did not answer after the abort");
+    double t_comm = now_s();
+    /* The replica fetch: the root's allocations (those older than K) to each rank that needs them. */
+    uint64_t fetched = 0;
+    for (size_t i = 0; i < restart_n_allocs() && nfetch; i++) {
+        uint64_t a, s, mb;
+        restart_alloc(i, &a, &s, &mb);
+        if (mb >= K && !skip)
+            continue;
+        for (int r = 0; r < world; r++) {
+            if (!need_fetch[r] || (rank != root && rank != r))
+                continue;
+            int32_t peer = rank == root ? r : root, send = rank == root;
+            remote_begin_locked(&c, JITCKPT_RFN_RST_XFER);
+            rc_put(&c, &vid, sizeof vid);
+            rc_put(&c, &peer, sizeof peer);
+            rc_put(&c, &send, sizeof send);
+            rc_put(&c, &a, sizeof a);
+            rc_put(&c, &s, sizeof s);
+            if (remote_call(&c) != 0)
+                give_up("copying %llu bytes at %#llx %s rank %d failed", (unsigned long long)s,
+                        (unsigned long long)a, send ? "to" : "from", (int)peer);
+            if (rank == r)
+                fetched += s;
+        }
+    }
+    double t_fetch = now_s();
+
+    /* 6. Replay (or skip the rest of a failed optimizer step). */
+    struct replay_state rs = {0};
+    int32_t err = 0;
+    if (!skip)
+        err = calllog_each(K, pending_logged ? 1 : 0, replay_one, replay_mark, &rs);
+    if (err)
+        give_up("replaying the call log failed (error %d)", (int)err);
+    remote_begin_locked(&c, JITCKPT_RFN_RST_CLEAR);
+    rc_put(&c, &resume, sizeof resume);
+    left = -1;
+    if (remote_call(&c) != 0 || rc_get(&c, &left, sizeof left) != 0)
+        give_up("the device proxy did not answer after the replay");
+    if (left != 0)
+        give_up("a replayed call failed (error %d)", (int)left);
+    if (skip) {
+        calllog_skip_current(K - 1);
+        remote_skipping = 1;
+    }
+    last_done = resume;
+    double t_end = now_s();
+    rlog("rank %d: recovered in %.0f ms (stop %.0f, %s %.0f, rendezvous %.0f, communicator %.0f, replica copy %.0f "
+         "ms for %llu bytes, replay %.0f ms of %llu calls): resumed at minibatch %llu%s, root rank %d",
+         rank, (t_end - t0) * 1e3, (t_stop - t0) * 1e3, mem ? "health check" : "new proxy", (t_restart - t_stop) * 1e3,
+         (t_rdzv - t_restart) * 1e3, (t_comm - t_rdzv) * 1e3, (t_fetch - t_comm) * 1e3,
+         (unsigned long long)fetched, (t_end - t_fetch) * 1e3, (unsigned long long)rs.calls,
+         (unsigned long long)K, skip ? " (the rest of the failed optimizer step skipped)" : "", root);
+    in_recovery = 0;
+    return 0;
+}

@@ -1,0 +1,515 @@
+/* watch.c -- what transparent recovery needs from the proxy (README.md,
+ * "Recovery"; paper section 4.2): collectives in flight, holding back the
+ * work that depends on them, minibatch markers, and aborts.
+ *
+ * - Every NCCL collective the worker enqueues gets an internal event recorded
+ *   after it on its stream (at ncclGroupEnd for grouped ones).  A stream that
+ *   runs a collective, and every stream or event ordered after it
+ *   (cudaEventRecord / cudaStreamWaitEvent), "depends" on it.
+ * - Holding back: a kernel launch, copy or memset on a stream that depends on
+ *   an unfinished collective waits here, on the proxy's thread, before it
+ *   reaches the runtime.  So nothing computes on gradients a hung or aborted
+ *   all-reduce never delivered: after an abort, the device still holds the
+ *   parameters of the minibatch's start.
+ * - Minibatch markers (JITCKPT_RFN_MARK, sent by the worker at each
+ *   jitckpt_phase_optimizer_end): events on every stream; done_marker in the
+ *   segment says which minibatches the device has completed, so the worker
+ *   keeps in its call log exactly the minibatches not yet done.
+ * - A watcher thread (every WATCH_MS) publishes the oldest unfinished
+ *   collective's age, the first asynchronous communicator error, a sticky
+ *   device error, done_marker; and, when the worker asks (abort_before),
+ *   aborts every communicator (ncclCommAbort may be called from another
+ *   thread while an operation is stuck) so that the proxy's thread is freed.
+ *   The main thread then drops the records the abort covers.
+ *
+ * The watcher never touches the handle tables: the main thread keeps the
+ * communicator list here, under the lock. */
+
+#include "dispatch.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define WATCH_MS 5
+#define MAX_COLLS 4096
+#define MAX_DEPS 512
+#define MAX_MARKERS 64
+#define MAX_MARKER_STREAMS 32
+#define MAX_COMMS 64
+
+static __typeof__(cudaEventCreateWithFlags) *r_event_create;
+static __typeof__(cudaEventRecord) *r_event_record;
+static __typeof__(cudaEventQuery) *r_event_query;
+static __typeof__(ncclCommGetAsyncError) *r_comm_async;
+static __typeof__(ncclCommAbort) *r_comm_abort;
+
+static struct jitckpt_wire *W;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* ---- the event pool (under mu) ------------------------------------------------------ */
+
+static cudaEvent_t pool[MAX_COLLS];
+static int npool;
+
+static cudaEvent_t event_get(void)
+{
+    if (npool > 0)
+        return pool[--npool];
+    cudaEvent_t e = NULL;
+    return r_event_create(&e, cudaEventDisableTiming) == cudaSuccess ? e : NULL;
+}
+
+static void event_put(cudaEvent_t e)
+{
+    if (e && npool < MAX_COLLS)
+        pool[npool++] = e;            /* else leaked: the pool is full only after an abort storm */
+}
+
+/* ---- collectives in flight (under mu) ----------------------------------------------- */
+
+struct coll { uint64_t seq, t_ns; cudaEvent_t ev; };
+static struct coll colls[MAX_COLLS];
+static size_t coll_head, coll_tail;            /* ring: [tail, head) unfinished, oldest first */
+static uint64_t seq_issued, seq_done;          /* seq_done: every collective <= it has completed */
+
+/* The oldest collectives that completed leave the ring. */
+static void poll_colls(void)
+{
+    while (coll_tail != coll_head) {
+        struct coll *c = &colls[coll_tail % MAX_COLLS];
+        cudaError_t e = c->ev ? r_event_query(c->ev) : cudaSuccess;
+        if (e == cudaErrorNotReady)
+            break;
+        if (e != cudaSuccess && W->device_error == 0)
+            __atomic_store_n(&W->device_error, (int32_t)e, __ATOMIC_SEQ_CST);
+        seq_done = c->seq;
+        event_put(c->ev);
+        coll_tail++;
+    }
+    if (coll_tail == coll_head)
+        seq_done = seq_issued;
+    __atomic_store_n(&W->coll_oldest_ns, coll_tail != coll_head ? colls[coll_tail % MAX_COLLS].t_ns : 0,
+                     __ATOMIC_SEQ_CST);
+}
+
+/* ---- dependencies of streams and events on collectives (main thread) ---------------- */
+
+struct dep { uint64_t vid, need; };
+static struct dep stream_deps[MAX_DEPS], event_deps[MAX_DEPS];
+static size_t n_stream_deps, n_event_deps;
+
+static struct dep *dep_of(struct dep *t, size_t *n, uint64_t vid, int create)
+{
+    for (size_t i = 0; i < *n; i++)
+        if (t[i].vid == vid)
+            return &t[i];
+    if (!create)
+        return NULL;
+    if (*n == MAX_DEPS) {                      /* full: forget the oldest (conservative: no hold) */
+        memmove(t, t + 1, (MAX_DEPS - 1) * sizeof *t);
+        (*n)--;
+    }
+    t[*n] = (struct dep){vid, 0};
+    return &t[(*n)++];
+}
+
+static uint64_t need_of_stream(uint64_t vid)
+{
+    struct dep *d = dep_of(stream_deps, &n_stream_deps, vid, 0);
+    return d ? d->need : 0;
+}
+
+/* ---- the record being executed (main thread) ---------------------------------------- */
+
+enum fn_kind { K_OTHER, K_COLL, K_GROUP_START, K_GROUP_END, K_EVENT_RECORD, K_STREAM_WAIT, K_WORK, K_COMM_INIT,
+               K_COMM_GONE };
+static unsigned char kinds[RFN_count];
+static int kinds_ready;
+
+static void classify(void)
+{
+    static const char *const colls_names[] = {"ncclAllReduce", "ncclBroadcast", "ncclBcast", "ncclReduce",
+                                              "ncclAllGather", "ncclReduceScatter", "ncclAlltoAll", "ncclSend",
+                                              "ncclRecv", "ncclGather", "ncclScatter", NULL};
+    for (unsigned fn = 0; fn < RFN_count; fn++) {
+        const char *n = dispatch_generated[fn].name;
+        kinds[fn] = K_OTHER;
+        if (!n)
+            continue;
+        for (int i = 0; colls_names[i]; i++)
+            if (strcmp(n, colls_names[i]) == 0)
+                kinds[fn] = K_COLL;
+        if (strcmp(n, "ncclGroupStart") == 0)
+            kinds[fn] = K_GROUP_START;
+        else if (strcmp(n, "ncclGroupEnd") == 0)
+            kinds[fn] = K_GROUP_END;
+        else if (strcmp(n, "cudaEventRecord") == 0 || strcmp(n, "cudaEventRecordWithFlags") == 0)
+            kinds[fn] = K_EVENT_RECORD;
+        else if (strcmp(n, "cudaStreamWaitEvent") == 0)
+            kinds[fn] = K_STREAM_WAIT;
+        else if (strncmp(n, "cudaMemcpy", 10) == 0 || strncmp(n, "cudaMemset", 10) == 0)
+            kinds[fn] = K_WORK;
+        else if (strcmp(n, "ncclCommInitRank") == 0)
+            kinds[fn] = K_COMM_INIT;
+        else if (strcmp(n, "ncclCommDestroy") == 0 || strcmp(n, "ncclCommAbort") == 0)
+            kinds[fn] = K_COMM_GONE;
+    }
+    kinds[RFN_cudaLaunchKernel] = K_WORK;
+    kinds[RFN___cudaLaunchKernel] = K_WORK;
+    kinds_ready = 1;
+}
+
+static unsigned cur_fn;
+static int cur_kind, cur_dropped;
+static uint64_t cur_stream, cur_event, cur_comm;
+static int group_depth;
+static uint64_t group_streams[64];
+static int n_group_streams;
+
+/* ---- communicators (main thread writes, watcher reads; under mu) -------------------- */
+
+static ncclComm_t comms[MAX_COMMS];
+static int n_comms;
+
+static void comm_add(ncclComm_t c)
+{
+    pthread_mutex_lock(&mu);
+    if (c && n_comms < MAX_COMMS)
+        comms[n_comms++] = c;
+    pthread_mutex_unlock(&mu);
+}
+
+static void comm_remove(ncclComm_t c)
+{
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n_comms; i++)
+        if (comms[i] == c) {
+            comms[i] = comms[--n_comms];
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+}
+
+void watch_comm_added(ncclComm_t c)
+{
+    comm_add(c);
+}
+
+/* ---- minibatch markers (under mu) --------------------------------------------------- */
+
+struct marker { uint64_t index; int n; cudaEvent_t ev[MAX_MARKER_STREAMS]; };
+static struct marker markers[MAX_MARKERS];
+static size_t mark_head, mark_tail;
+
+static void poll_markers(void)
+{
+    while (mark_tail != mark_head) {
+        struct marker *m = &markers[mark_tail % MAX_MARKERS];
+        for (; m->n > 0; m->n--) {
+            cudaError_t e = r_event_query(m->ev[m->n - 1]);
+            if (e == cudaErrorNotReady)
+                return;
+            if (e != cudaSuccess && W->device_error == 0)
+                __atomic_store_n(&W->device_error, (int32_t)e, __ATOMIC_SEQ_CST);
+            event_put(m->ev[m->n - 1]);
+        }
+        __atomic_store_n(&W->done_marker, m->index + 1, __ATOMIC_SEQ_CST);
+        mark_tail++;
+    }
+}
+
+struct mark_arg { struct marker *m; };
+
+static void mark_stream(uint64_t vid, void *real, void *arg)
+{
+    struct marker *m = ((struct mark_arg *)arg)->m;
+    if (m->n >= MAX_MARKER_STREAMS)
+        return;
+    cudaEvent_t e = event_get();
+    if (e && r_event_record(e, (cudaStream_t)real) == cudaSuccess)
+        m->ev[m->n++] = e;
+    else
+        event_put(e);
+}
+
+void watch_mark(uint64_t index)
+{
+    pthread_mutex_lock(&mu);
+    if (mark_head - mark_tail == MAX_MARKERS) {        /* the device is far behind: the oldest counts as done */
+        struct marker *o = &markers[mark_tail % MAX_MARKERS];
+        for (int i = 0; i < o->n; i++)
+            event_put(o->ev[i]);
+        mark_tail++;
+    }
+    struct marker *m = &markers[mark_head % MAX_MARKERS];
+    m->index = index;
+    m->n = 0;
+    struct mark_arg a = {m};
+    vh_each(VH_STREAM, mark_stream, &a);
+    mark_stream(0, NULL, &a);                          /* the legacy default stream */
+    mark_head++;
+    pthread_mutex_unlock(&mu);
+}
+
+uint64_t watch_done_marker(void)
+{
+    pthread_mutex_lock(&mu);
+    poll_markers();
+    poll_colls();
+    pthread_mutex_unlock(&mu);
+    return __atomic_load_n(&W->done_marker, __ATOMIC_SEQ_CST);
+}
+
+/* ---- the main thread's hooks -------------------------------------------------------- */
+
+void watch_before(unsigned fn)
+{
+    if (!kinds_ready)
+        classify();
+    cur_fn = fn;
+    cur_kind = fn < RFN_count ? kinds[fn] : K_OTHER;
+    cur_dropped = 0;
+    cur_stream = cur_event = cur_comm = 0;
+}
+
+static int aborting(void)
+{
+    return __atomic_load_n(&W->abort_before, __ATOMIC_SEQ_CST) != 0;
+}
+
+/* rdisp.c, for every handle a dispatch reads.  0, or -1: the record is dropped. */
+int watch_handle(int kind, uint64_t vid)
+{
+    if (kind == VH_EVENT) {
+        cur_event = vid;
+        return 0;
+    }
+    if (kind == VH_COMM) {
+        cur_comm = vid;
+        void *real = NULL;
+        if (cur_kind == K_COMM_GONE && vh_lookup(VH_COMM, vid, &real) == 0)
+            comm_remove((ncclComm_t)real);          /* before it is destroyed: the watcher must not touch it */
+        return 0;
+    }
+    if (kind != VH_STREAM)
+        return 0;
+    cur_stream = vid;
+    if (cur_kind != K_WORK)
+        return 0;
+    uint64_t need = need_of_stream(vid);
+    if (need == 0 || seq_done >= need)
+        return 0;
+    pdebug("holding %s back: its stream waits for collective %llu (%llu done)", dispatch_generated[cur_fn].name,
+           (unsigned long long)need, (unsigned long long)seq_done);
+    for (unsigned spins = 0;; spins++) {
+        /* An abort first: an aborted collective "completes" without its result. */
+        if (aborting()) {
+            cur_dropped = 1;
+            pdebug("dropped a held record (an abort)");
+            if (getenv("JITCKPT_PROXY_DEBUG_DROP")) plog("dropped held record fn %u", cur_fn);
+            return -1;
+        }
+        pthread_mutex_lock(&mu);
+        if (seq_done < need)
+            poll_colls();
+        int ready = seq_done >= need;
+        pthread_mutex_unlock(&mu);
+        if (ready && !aborting())
+            return 0;
+        struct timespec t = {0, spins < 100 ? 20000L : 200000L};
+        nanosleep(&t, NULL);
+    }
+}
+
+static void record_collective(uint64_t stream_vid)
+{
+    void *real = NULL;
+    if (vh_lookup(VH_STREAM, stream_vid, &real) != 0)
+        return;
+    pthread_mutex_lock(&mu);
+    if (coll_head - coll_tail == MAX_COLLS)
+        poll_colls();
+    if (coll_head - coll_tail < MAX_COLLS) {
+        cudaEvent_t e = event_get();
+        if (e && r_event_record(e, (cudaStream_t)real) != cudaSuccess) {
+            event_put(e);
+            e = NULL;
+        }
+        uint64_t seq = ++seq_issued;
+        colls[coll_head % MAX_COLLS] = (struct coll){seq, now_ns(), e};
+        coll_head++;
+        struct dep *d = dep_of(stream_deps, &n_stream_deps, stream_vid, 1);
+        d->need = seq;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+void watch_after(unsigned fn, int32_t ret)
+{
+    (void)fn;
+    switch (cur_kind) {
+    case K_COLL:
+        if (ret != 0)
+            break;
+        if (group_depth > 0) {
+            if (n_group_streams < 64)
+                group_streams[n_group_streams++] = cur_stream;
+        } else {
+            record_collective(cur_stream);
+        }
+        break;
+    case K_GROUP_START:
+        if (ret == 0)
+            group_depth++;
+        break;
+    case K_GROUP_END:
+        if (group_depth > 0 && --group_depth == 0) {
+            for (int i = 0; i < n_group_streams; i++)
+                if (ret == 0)
+                    record_collective(group_streams[i]);
+            n_group_streams = 0;
+        }
+        break;
+    case K_EVENT_RECORD:
+        if (ret == 0) {
+            uint64_t need = need_of_stream(cur_stream);
+            struct dep *d = dep_of(event_deps, &n_event_deps, cur_event, need != 0);
+            if (d)
+                d->need = need;
+        }
+        break;
+    case K_STREAM_WAIT:
+        if (ret == 0) {
+            struct dep *e = dep_of(event_deps, &n_event_deps, cur_event, 0);
+            if (e && e->need) {
+                struct dep *d = dep_of(stream_deps, &n_stream_deps, cur_stream, 1);
+                if (d->need < e->need)
+                    d->need = e->need;
+            }
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+/* The communicator a successful ncclCommInitRank created: its vid is the response's first 8 bytes. */
+void watch_comm_created(const unsigned char *rep, size_t n)
+{
+    uint64_t vid;
+    void *real = NULL;
+    if (n >= sizeof vid) {
+        memcpy(&vid, rep, sizeof vid);
+        if (vh_lookup(VH_COMM, vid, &real) == 0 && real)
+            comm_add((ncclComm_t)real);
+    }
+}
+
+int watch_is_comm_init(unsigned fn)
+{
+    if (!kinds_ready)
+        classify();
+    return fn < RFN_count && kinds[fn] == K_COMM_INIT;
+}
+
+int watch_record_dropped(void)
+{
+    return cur_dropped;
+}
+
+int watch_dropping(uint64_t pos)
+{
+    uint64_t before = __atomic_load_n(&W->abort_before, __ATOMIC_SEQ_CST);
+    return before != 0 && pos < before;
+}
+
+/* Recovery is over (restore.c, JITCKPT_RFN_RST_CLEAR): nothing is in flight any more. */
+void watch_clear(void)
+{
+    pthread_mutex_lock(&mu);
+    for (; coll_tail != coll_head; coll_tail++)
+        event_put(colls[coll_tail % MAX_COLLS].ev);
+    for (; mark_tail != mark_head; mark_tail++) {
+        struct marker *m = &markers[mark_tail % MAX_MARKERS];
+        for (int i = 0; i < m->n; i++)
+            event_put(m->ev[i]);
+    }
+    seq_done = seq_issued;
+    n_stream_deps = n_event_deps = 0;
+    group_depth = n_group_streams = 0;
+    __atomic_store_n(&W->coll_oldest_ns, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&W->comm_error, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&W->device_error, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&W->abort_done, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&W->abort_before, 0, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&mu);
+}
+
+/* The done_marker a recovery continues from (the worker's log says which minibatch that is). */
+void watch_set_done_marker(uint64_t v)
+{
+    __atomic_store_n(&W->done_marker, v, __ATOMIC_SEQ_CST);
+}
+
+/* ---- the watcher thread ------------------------------------------------------------- */
+
+static void *watcher(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        struct timespec t = {0, WATCH_MS * 1000000L};
+        nanosleep(&t, NULL);
+        pthread_mutex_lock(&mu);
+        poll_colls();
+        poll_markers();
+        if (__atomic_load_n(&W->comm_error, __ATOMIC_SEQ_CST) == 0)
+            for (int i = 0; i < n_comms; i++) {
+                ncclResult_t r = ncclSuccess;
+                if (r_comm_async(comms[i], &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
+                    __atomic_store_n(&W->comm_error, (int32_t)r, __ATOMIC_SEQ_CST);
+                    break;
+                }
+            }
+        if (aborting() && !__atomic_load_n(&W->abort_done, __ATOMIC_SEQ_CST)) {
+            for (int i = 0; i < n_comms; i++)
+                r_comm_abort(comms[i]);
+            if (n_comms)
+                plog("aborted %d communicator(s) for a recovery", n_comms);
+            n_comms = 0;
+            __atomic_store_n(&W->abort_done, 1, __ATOMIC_SEQ_CST);
+        }
+        pthread_mutex_unlock(&mu);
+    }
+    return NULL;
+}
+
+int watch_start(struct jitckpt_wire *w)
+{
+    W = w;
+    r_event_create = (__typeof__(r_event_create))proxy_sym(cudart, "cudaEventCreateWithFlags");
+    r_event_record = (__typeof__(r_event_record))proxy_sym(cudart, "cudaEventRecord");
+    r_event_query = (__typeof__(r_event_query))proxy_sym(cudart, "cudaEventQuery");
+    r_comm_async = nccl ? (__typeof__(r_comm_async))proxy_sym(nccl, "ncclCommGetAsyncError") : NULL;
+    r_comm_abort = nccl ? (__typeof__(r_comm_abort))proxy_sym(nccl, "ncclCommAbort") : NULL;
+    if (!r_event_create || !r_event_record || !r_event_query) {
+        plog("the CUDA runtime lacks event functions: collectives are not watched (no recovery)");
+        return -1;
+    }
+    if (!r_comm_async || !r_comm_abort)
+        return 0;                                      /* no NCCL: nothing to watch */
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&t, &a, watcher, NULL);
+    pthread_attr_destroy(&a);
+    return rc == 0 ? 0 : -1;
+}
