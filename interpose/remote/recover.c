@@ -167,12 +167,17 @@ static int32_t simple(unsigned fn, const void *a, size_t na, struct rcall *c)
 
 static uint64_t alloc_hash(uint64_t before)
 {
-    uint64_t h = 1469598103934665603ull;
+    /* Replicas allocate the same sizes in the same order, at the same offsets
+     * in their own rank's reserved range (proxy_server/src/devmem.c). */
+    uint64_t h = 1469598103934665603ull, base = 0;
     for (size_t i = 0; i < restart_n_allocs(); i++) {
         uint64_t a, s, mb;
         restart_alloc(i, &a, &s, &mb);
         if (mb >= before)
             continue;
+        if (!base)
+            base = a;
+        a -= base;
         for (int k = 0; k < 8; k++) { h ^= (a >> (8 * k)) & 0xff; h *= 1099511628211ull; }
         for (int k = 0; k < 8; k++) { h ^= (s >> (8 * k)) & 0xff; h *= 1099511628211ull; }
     }
