@@ -300,11 +300,15 @@ EXPORT void jitckpt_phase_optimizer_begin(void)
 {
     pthread_mutex_lock(&log_lock);
     configure();
-    if (optimizer_call < 0) {
+    int first = optimizer_call < 0;
+    if (first) {
         optimizer_call = (int64_t)calls;
         optimizer_bytes = len - segs[nsegs - 1].off;
     }
+    uint64_t m = minibatch;
     pthread_mutex_unlock(&log_lock);
+    if (first)
+        remote_phase_begin(m);          /* recover.c: replay validation may begin here */
 }
 
 EXPORT void jitckpt_phase_optimizer_end(void)

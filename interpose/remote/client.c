@@ -517,6 +517,19 @@ cudaError_t remote_unavailable(void)
 
 /* A minibatch ended (calllog.c): the proxy puts a marker on every stream, so
  * that the log keeps only what the device has not completed (recover.c). */
+void remote_phase_begin(uint64_t index)
+{
+    if (lock_held || !remote_recovery_enabled())
+        return;
+    pthread_mutex_lock(&call_lock);
+    if (wire && !dead) {
+        lock_held = 1;
+        remote_validate_begin(index);
+        lock_held = 0;
+    }
+    pthread_mutex_unlock(&call_lock);
+}
+
 void remote_mark_minibatch(uint64_t index)
 {
     remote_skipping = 0;
@@ -525,6 +538,7 @@ void remote_mark_minibatch(uint64_t index)
     pthread_mutex_lock(&call_lock);
     if (wire && !dead) {
         lock_held = 1;
+        remote_validate_end(index);
         struct rcall c;
         remote_begin_locked(&c, JITCKPT_RFN_MARK);
         rc_put(&c, &index, sizeof index);

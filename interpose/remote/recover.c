@@ -65,6 +65,7 @@ static int configured, enabled, in_recovery, world = 1, rank;
 static double hang_timeout = 30.0;
 static int generation;
 static uint64_t last_done;
+static const char *invalid;      /* validation found the replay unfaithful: recovery refuses (the reason) */
 
 static double now_s(void)
 {
@@ -398,10 +399,12 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
 
     /* 3. The report. */
     uint64_t first = calllog_first(), host = calllog_minibatch();
-    const char *cannot = "none";
+    const char *cannot = invalid ? "validation" : "none";
     uint64_t vid = 0;
     int nranks = 0, crank = 0, cdev = 0;
-    if (restart_n_comms() != 1) {
+    if (invalid) {
+        /* said when validation failed; the other ranks give up too */
+    } else if (restart_n_comms() != 1) {
         cannot = "communicators";
     } else {
         restart_comm(0, &vid, &nranks, &crank, &cdev);
@@ -431,6 +434,9 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     uint64_t K = 0;
     int root = -1;
     for (int r = 0; r < world; r++) {
+        if (strcmp(all[r].cannot, "validation") == 0)
+            give_up("rank %d's replay validation failed earlier (a replay there does not reproduce the device "
+                    "memory)", r);
         if (strcmp(all[r].cannot, "none") != 0)
             give_up("rank %d cannot take part (%s: transparent mode recovers one communicator of all ranks)", r,
                     all[r].cannot);
@@ -557,4 +563,220 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
          (unsigned long long)K, skip ? " (the rest of the failed optimizer step skipped)" : "", root);
     in_recovery = 0;
     return 0;
+}
+
+/* ---- replay-log validation (section 4.1) --------------------------------------------
+ *
+ * At minibatch JITCKPT_TRANSPARENT_VALIDATE_AT (default 5) and every
+ * JITCKPT_TRANSPARENT_VALIDATE_EVERY (default 1000; 0: once) minibatches
+ * after it, every rank checks that a replay reproduces the device memory, in
+ * the worst state a recovery can meet: at jitckpt_phase_optimizer_begin the
+ * device is synchronised and every allocation copied out (S_pre: the
+ * forward, backward and all-reduce have run, the parameters not yet
+ * changed); at jitckpt_phase_optimizer_end the device is synchronised again,
+ * the allocations checksummed (C1) and copied out (S_end); then the
+ * allocations older than the minibatch get S_pre back, the minibatch's own
+ * are freed, the whole minibatch is replayed from the log, and the
+ * allocations checksummed again (C2).  C1 == C2: said once.  Otherwise the
+ * replay is unfaithful (device state the log does not capture: a kernel that
+ * keeps hidden state, a side channel into device memory): S_end is written
+ * back, so the job goes on exactly as without the check, and transparent
+ * recovery is off for the job: at the next failure every rank stops with
+ * exit status 75 and the job falls back to its checkpoints.  All ranks
+ * validate the same minibatch, so the replayed collectives meet.  Costs two
+ * host copies of device memory, once every N minibatches. */
+
+struct snap { uint64_t addr, size, minibatch; unsigned char *bytes; };
+static struct snap *pre;
+static size_t npre;
+static int64_t validating = -1;
+static long validate_at = 5, validate_every = 1000;
+static int validate_configured;
+
+static void validate_configure(void)
+{
+    if (validate_configured)
+        return;
+    validate_configured = 1;
+    const char *a = getenv("JITCKPT_TRANSPARENT_VALIDATE_AT"), *e = getenv("JITCKPT_TRANSPARENT_VALIDATE_EVERY");
+    if (a && *a)
+        validate_at = atol(a);
+    if (e && *e)
+        validate_every = atol(e);
+}
+
+static int validate_now(uint64_t minibatch)
+{
+    validate_configure();
+    if (validate_at < 0 || invalid || (long)minibatch < validate_at)
+        return 0;
+    if ((long)minibatch == validate_at)
+        return 1;
+    return validate_every > 0 && ((long)minibatch - validate_at) % validate_every == 0;
+}
+
+static int32_t read_alloc(struct rcall *c, uint64_t addr, unsigned char *to, uint64_t n)
+{
+    for (uint64_t done = 0; done < n;) {
+        uint64_t k = n - done < (8u << 20) ? n - done : (8u << 20), at = addr + done;
+        remote_begin_locked(c, JITCKPT_RFN_RST_READ);
+        rc_put(c, &at, sizeof at);
+        rc_put(c, &k, sizeof k);
+        void *out = rc_put_out(c, k);
+        int32_t err = remote_call(c);
+        if (err)
+            return err;
+        rc_get_out(c, to + done, out, k);
+        done += k;
+    }
+    return 0;
+}
+
+static int32_t write_alloc(struct rcall *c, uint64_t addr, const unsigned char *from, uint64_t n)
+{
+    for (uint64_t done = 0; done < n;) {
+        uint64_t k = n - done < (8u << 20) ? n - done : (8u << 20), at = addr + done;
+        remote_begin_locked(c, JITCKPT_RFN_RST_WRITE);
+        rc_put(c, &at, sizeof at);
+        rc_put(c, &k, sizeof k);
+        rc_put_in(c, from + done, k);
+        int32_t err = remote_call(c);
+        if (err)
+            return err;
+        done += k;
+    }
+    return 0;
+}
+
+/* Copies every live allocation out; NULL on failure. */
+static struct snap *snapshot(struct rcall *c, size_t *n)
+{
+    *n = restart_n_allocs();
+    struct snap *s = calloc(*n ? *n : 1, sizeof *s);
+    for (size_t i = 0; s && i < *n; i++) {
+        restart_alloc(i, &s[i].addr, &s[i].size, &s[i].minibatch);
+        s[i].bytes = malloc(s[i].size ? s[i].size : 1);
+        if (!s[i].bytes || read_alloc(c, s[i].addr, s[i].bytes, s[i].size) != 0) {
+            for (size_t j = 0; j <= i; j++)
+                free(s[j].bytes);
+            free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+static void free_snap(struct snap *s, size_t n)
+{
+    for (size_t i = 0; s && i < n; i++)
+        free(s[i].bytes);
+    free(s);
+}
+
+static uint64_t fnv(uint64_t h, const unsigned char *p, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Under the call lock (client.c): the optimizer phase of `minibatch` begins. */
+void remote_validate_begin(uint64_t minibatch)
+{
+    if (!remote_recovery_enabled() || !validate_now(minibatch) || validating >= 0)
+        return;
+    struct rcall c;
+    int32_t dev = -1;
+    uint64_t done = 0;
+    if (simple(JITCKPT_RFN_RST_HEALTH, NULL, 0, &c) != 0 || rc_get(&c, &dev, sizeof dev) != 0 ||
+        rc_get(&c, &done, sizeof done) != 0 || dev != 0)
+        return;                            /* a failure: recovery's business, not validation's */
+    calllog_drop_until(done);
+    if (calllog_first() != minibatch || calllog_noreplay(minibatch))
+        return;
+    pre = snapshot(&c, &npre);
+    if (pre)
+        validating = (int64_t)minibatch;
+}
+
+/* Under the call lock: minibatch `minibatch` ended (its log segment is complete). */
+void remote_validate_end(uint64_t minibatch)
+{
+    if (validating != (int64_t)minibatch) {
+        validating = -1;
+        free_snap(pre, npre);
+        pre = NULL;
+        return;
+    }
+    validating = -1;
+    double t0 = now_s();
+    struct rcall c;
+    in_recovery = 1;
+    const char *failed = NULL;
+    size_t nend = 0;
+    struct snap *end = NULL;
+    if (simple(JITCKPT_RFN_RST_SYNC, NULL, 0, &c) != 0 || (end = snapshot(&c, &nend)) == NULL) {
+        failed = "copying device memory out";
+        goto out;
+    }
+    uint64_t c1 = 1469598103934665603ull, c2 = c1;
+    for (size_t i = 0; i < nend; i++)
+        c1 = fnv(c1, end[i].bytes, end[i].size);
+    /* Reset to the state a recovery would meet, then replay the whole minibatch. */
+    for (size_t i = 0; i < npre && !failed; i++)
+        if (pre[i].minibatch < minibatch && write_alloc(&c, pre[i].addr, pre[i].bytes, pre[i].size) != 0)
+            failed = "writing device memory back";
+    for (size_t i = nend; i-- > 0 && !failed;)
+        if (end[i].minibatch >= minibatch) {
+            void *p = (void *)(uintptr_t)end[i].addr;
+            remote_begin_locked(&c, RFN_cudaFree);
+            rc_put(&c, &p, sizeof p);
+            if (remote_call(&c) != 0)
+                failed = "freeing the minibatch's allocations";
+        }
+    struct replay_state rs = {0};
+    if (!failed && calllog_each(minibatch, 0, replay_one, NULL, &rs) != 0)
+        failed = "replaying the minibatch";
+    if (!failed && simple(JITCKPT_RFN_RST_SYNC, NULL, 0, &c) != 0)
+        failed = "synchronising after the replay";
+    size_t nafter = 0;
+    struct snap *after = failed ? NULL : snapshot(&c, &nafter);
+    if (!failed && !after)
+        failed = "copying device memory out after the replay";
+    uint64_t first_diff = 0;
+    for (size_t i = 0; after && i < nafter; i++) {
+        c2 = fnv(c2, after[i].bytes, after[i].size);
+        if (!first_diff && (i >= nend || after[i].size != end[i].size ||
+                            memcmp(after[i].bytes, end[i].bytes, end[i].size) != 0))
+            first_diff = after[i].addr;
+    }
+    if (!failed && (nafter != nend || c1 != c2)) {
+        invalid = "replay validation failed";
+        rlog("rank %d: replay validation FAILED at minibatch %llu: replaying it from the call log does not reproduce "
+             "device memory (checksum %016llx, replayed %016llx; first difference in the allocation at %#llx): the "
+             "program changes device state the call log does not capture (a kernel with hidden state, a side "
+             "channel into device memory).  Transparent recovery is OFF for this job: a failure will stop every "
+             "rank (exit status %d) and the job falls back to its checkpoints.  Training goes on from the minibatch's own "
+             "result (state the log cannot see, such as a kernel's own counters, was advanced by the check).",
+             rank, (unsigned long long)minibatch, (unsigned long long)c1, (unsigned long long)c2,
+             (unsigned long long)first_diff, EXIT_NO_RECOVERY);
+        for (size_t i = 0; i < nend && !failed; i++)       /* as if nothing had been checked */
+            if (write_alloc(&c, end[i].addr, end[i].bytes, end[i].size) != 0)
+                failed = "writing the minibatch's result back";
+    } else if (!failed) {
+        rlog("rank %d: replay validation at minibatch %llu: the replay of %llu calls reproduces device memory "
+             "(checksum %016llx, %.0f ms)", rank, (unsigned long long)minibatch, (unsigned long long)rs.calls,
+             (unsigned long long)c1, (now_s() - t0) * 1e3);
+    }
+    free_snap(after, nafter);
+out:
+    free_snap(end, nend);
+    free_snap(pre, npre);
+    pre = NULL;
+    in_recovery = 0;
+    if (failed)
+        give_up("replay validation at minibatch %llu failed %s, and device memory may be changed",
+                (unsigned long long)minibatch, failed);
 }

@@ -105,6 +105,9 @@ int remote_recovery_check(void);                     /* under the call lock: 1 i
 int32_t remote_recover(struct rcall *c, const char *why, int memory_lost, int pending_logged);
 int remote_recoverable_error(unsigned fn, int32_t ret);
 void remote_mark_minibatch(uint64_t index);          /* calllog.c, at a minibatch end: the proxy's marker */
+void remote_phase_begin(uint64_t index);             /* calllog.c: an optimizer phase begins (validation) */
+void remote_validate_begin(uint64_t minibatch);      /* under the call lock */
+void remote_validate_end(uint64_t minibatch);        /* under the call lock */
 extern uint64_t remote_alloc_minibatch_of(uint64_t addr);
 
 /* marshal.c: arguments and results, in parameter order (jitckpt_remote_wire.h) */
