@@ -346,6 +346,14 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     generation++;
     struct jitckpt_wire *w = remote_wire();
     char reason[160];
+    double waited_ms = -1;                     /* how long the oldest collective had been in flight */
+    if (w && w->coll_oldest_ns) {
+        struct timespec n;
+        clock_gettime(CLOCK_MONOTONIC, &n);
+        uint64_t now = (uint64_t)n.tv_sec * 1000000000ull + (uint64_t)n.tv_nsec;
+        if (now > w->coll_oldest_ns)
+            waited_ms = (double)(now - w->coll_oldest_ns) * 1e-6;
+    }
     if (why) {
         snprintf(reason, sizeof reason, "%s", why);
     } else if (w && w->device_error) {
@@ -556,11 +564,13 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     last_done = resume;
     double t_end = now_s();
     rlog("rank %d: recovered in %.0f ms (stop %.0f, %s %.0f, rendezvous %.0f, communicator %.0f, replica copy %.0f "
-         "ms for %llu bytes, replay %.0f ms of %llu calls): resumed at minibatch %llu%s, root rank %d",
+         "ms for %llu bytes, replay %.0f ms of %llu calls): resumed at minibatch %llu%s, root rank %d; the oldest "
+         "collective had waited %.0f ms when the recovery began",
          rank, (t_end - t0) * 1e3, (t_stop - t0) * 1e3, mem ? "health check" : "new proxy", (t_restart - t_stop) * 1e3,
          (t_rdzv - t_restart) * 1e3, (t_comm - t_rdzv) * 1e3, (t_fetch - t_comm) * 1e3,
          (unsigned long long)fetched, (t_end - t_fetch) * 1e3, (unsigned long long)rs.calls,
-         (unsigned long long)K, skip ? " (the rest of the failed optimizer step skipped)" : "", root);
+         (unsigned long long)K, skip ? " (the rest of the failed optimizer step skipped)" : "", root,
+         waited_ms < 0 ? 0.0 : waited_ms);
     in_recovery = 0;
     return 0;
 }
