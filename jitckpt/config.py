@@ -43,6 +43,12 @@ ENV_WARM_RESTART = "JITCKPT_WARM_RESTART"
 ENV_TP_SIZE = "JITCKPT_TP_SIZE"
 ENV_PP_SIZE = "JITCKPT_PP_SIZE"
 ENV_ALLOW_WORLD_SIZE_CHANGE = "JITCKPT_ALLOW_WORLD_SIZE_CHANGE"
+# Transparent mode (jit-run --transparent): "1" in every worker's environment.
+ENV_TRANSPARENT = "JITCKPT_TRANSPARENT"
+# The interpreter transparent mode's remote library runs the recovery rendezvous with.
+ENV_PYTHON = "JITCKPT_PYTHON"
+# Seconds transparent mode's recovery rendezvous may take (jitckpt.transparent.rendezvous).
+ENV_TRANSPARENT_RDZV_TIMEOUT = "JITCKPT_TRANSPARENT_RDZV_TIMEOUT"
 
 DEFAULT_CHECKPOINT_DIR = "./jit-checkpoints"
 DEFAULT_HANG_TIMEOUT = 60.0

@@ -6,7 +6,8 @@ anything below; subpackages of one layer do not import each other):
     0  config, validate, eventlog, jit_event, faults     names, checks and records
     1  store, native                                     checkpoint tiers; native libraries
     2  worker, doctor, plan                              where code runs / offline tools
-    3  api, adapters                                     the public calls; framework adapters (zero-code)
+    3  api, adapters, transparent                        the public calls; framework adapters (zero-code);
+                                                         transparent mode's Python side
     4  launch, __init__                                  jit-run; the package's front door
     5  __main__                                          ``python -m jitckpt`` is ``jit-run``
 """
@@ -27,7 +28,7 @@ LAYERS: dict[str, int] = {
     "config": 0, "validate": 0, "eventlog": 0, "jit_event": 0, "faults": 0,
     "store": 1, "native": 1,
     "worker": 2, "doctor": 2, "plan": 2,
-    "api": 3, "adapters": 3,
+    "api": 3, "adapters": 3, "transparent": 3,
     "launch": 4, "__init__": 4,
     "__main__": 5,
 }

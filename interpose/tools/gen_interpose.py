@@ -19,7 +19,12 @@ committed):
   nccl_entry.c              the NCCL entry points
   interpose.map             the linker version script
   coverage.json             every CUDA runtime and NCCL function the API
-                            description covers (read by ``jit-run doctor``)
+                            description and the emulator name, whether passthrough
+                            mode wraps it and whether transparent mode covers it
+                            (``libjitckpt_remote.so`` handles it: the remote
+                            files are generated here too, in memory, and read
+                            back), with the remote library's refusals and their
+                            reasons (read by ``jit-run doctor``)
   jitckpt_interpose.cdef    the control interface, for cffi's ``ffi.cdef()``
 
 Every entry point fetches the real function and makes one call into a
@@ -342,21 +347,84 @@ def emulator_exports(libraries: list[Path], nm: str) -> dict[str, tuple[str, str
     return exports
 
 
-def coverage(functions: dict[str, Function], exports: dict[str, tuple[str, str | None]], soname: str) -> str:
+REMOTE_MARSHALLED, REMOTE_HAND, REMOTE_IN_PROCESS = "marshalled", "hand-written", "in-process"
+# A function that returns a string about a handle (ncclGetLastError(comm)): the library
+# says once that it is not marshalled and returns a fixed text; the program goes on.
+REMOTE_PLACEHOLDER = "placeholder"
+
+
+def remote_column(remote_files: dict[str, str], functions: dict[str, Function]) -> tuple[dict[str, str], dict[str, str]]:
+    """What ``libjitckpt_remote.so`` does with each function, read back from its generated files.
+
+    Returns ``(handled, refused)``: ``handled`` maps a function the remote
+    library takes care of to how (``marshalled``: a generated stub and proxy
+    dispatch; ``hand-written``: ``interpose/remote/special.c`` and the
+    proxy's; ``in-process``: a pure function, called in the worker;
+    ``placeholder``: a string about a handle, such as ``ncclGetLastError``,
+    which says once that it is not marshalled and returns a fixed text, the
+    program going on), and ``refused`` maps every function it refuses by
+    name (the call fails) to the reason it gives at run time.  Read from the very text the library is built from
+    (``remote_fns.h``, ``remote_stubs.c``), so ``jit-run doctor`` can never
+    promise what the library refuses.
+    """
+    ids = re.findall(r"^    RFN_(\w+),$", remote_files["remote_fns.h"], flags=re.M)
+    handled = {name: REMOTE_MARSHALLED if name in functions and functions[name].fact.remote == "gen" else REMOTE_HAND
+               for name in ids if name not in ("none", "count")}
+    stubs = remote_files["remote_stubs.c"]
+    for name in re.findall(r'remote_local_fn\(&fn, "(\w+)"', stubs):
+        handled[name] = REMOTE_IN_PROCESS
+    # Functions the library does not export: they bind to the real library in the worker and
+    # touch no device state (gen_remote.py: void results, pointer parameters, no error code).
+    unexported = re.search(r"/\* Not exported \(.*?\): ([\w, ]*) \*/", stubs)
+    for name in (unexported.group(1).split(", ") if unexported and unexported.group(1).strip() else []):
+        handled[name] = REMOTE_IN_PROCESS
+    refused = {}
+    for name, reason, result in re.findall(r'remote_refuse\("(\w+)", "((?:[^"\\]|\\.)*)"\);\n    return ([^;]*);',
+                                           stubs):
+        if result.startswith('"'):
+            handled[name] = REMOTE_PLACEHOLDER
+        else:
+            refused[name] = re.sub(r"\\(.)", r"\1", reason)
+    if len(refused) + sum(1 for how in handled.values() if how == REMOTE_PLACEHOLDER) != stubs.count("remote_refuse("):
+        raise GenError("remote_column: a refusal in remote_stubs.c does not have the form it expects")
+    both = sorted(set(handled) & set(refused))
+    if both:
+        raise GenError(f"the remote files both handle and refuse {both[:5]}")
+    return handled, refused
+
+
+def coverage(functions: dict[str, Function], exports: dict[str, tuple[str, str | None]], soname: str,
+             remote: tuple[dict[str, str], dict[str, str]]) -> str:
+    """coverage.json: per function its library, version, passthrough mode and transparent coverage.
+
+    ``transparent`` is true when transparent mode covers the function today:
+    ``libjitckpt_remote.so`` handles it (``remote_column``) and the CPU
+    device emulator, the runtime it is verified against, implements it.  Two
+    more tables follow the rows: ``remote`` (how the remote library handles
+    each function it does) and ``refused`` (every function it refuses by
+    name, with the reason it prints).
+    """
+    handled, refused = remote
     wrapped = {name for f in functions.values() if f.fact.wrapped for name, _ in f.flavours()}
-    refused = {name for f in functions.values() if f.fact.refused for name, _ in f.flavours()}
     table = {name: (f.library, soname if f.library == CUDART else None)
              for f in functions.values() for name, _ in f.flavours()}
     table.update(exports)
     rows = [f"  {json.dumps(name)}: " + json.dumps({
                 "library": library, "version": version,
                 "passthrough": "wrapped" if name in wrapped else "forwarded",
-                "transparent": name in exports and name not in refused})
+                "transparent": name in exports and name in handled})
             for name, (library, version) in sorted(table.items())]
+
+    def lines(mapping: dict[str, str]) -> str:
+        return ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(mapping.items()))
+
     # One function a line, as json.dumps(indent=...) cannot write it.
     return (f'{{"generated_by": {json.dumps(GENERATOR + " -- do not edit")},\n'
             f' "runtime_version_node": {json.dumps(soname)},\n'
-            f' "functions": {{\n' + ",\n".join(rows) + "\n }}\n")
+            f' "functions": {{\n' + ",\n".join(rows) + "\n },\n"
+            f' "remote_library": "libjitckpt_remote.so",\n'
+            f' "remote": {{\n' + lines(handled) + "\n },\n"
+            f' "refused": {{\n' + lines(refused) + "\n }}\n")
 
 
 def cdef(control_header: Path, inputs: list[Path]) -> str:
@@ -402,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         headers = [args.cuda_header, args.nccl_header]
         functions = describe(args.cuda_header, args.nccl_header, FACTS)
         exports = emulator_exports(args.emulator_lib, args.nm)
+        remote = remote_column(remote_files(args, functions, exports, facts_file), functions)
         inputs = [*headers, facts_file]
         files = {
             "cuda_entry.c": entry_file(functions, CUDART, 0, "The CUDA runtime entry points the library takes "
@@ -413,11 +482,11 @@ def main(argv: list[str] | None = None) -> int:
             "nccl_entry.c": entry_file(functions, NCCL, 0, "The NCCL entry points the library takes the "
                                        "place of: each one calls its hook in src/hooks.h.", inputs),
             "interpose.map": version_script(functions, args.cudart_soname, inputs),
-            "coverage.json": coverage(functions, exports, args.cudart_soname),
+            "coverage.json": coverage(functions, exports, args.cudart_soname, remote),
             "jitckpt_interpose.cdef": cdef(args.control_header, [args.control_header]),
         }
         files["next_syms.h"], files["next_syms.c"] = next_syms_files(functions, inputs)
-    except GenError as exc:
+    except (GenError, gen_remote.RemoteGenError) as exc:
         print(f"gen_interpose: {exc}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
@@ -426,18 +495,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def remote_files(args: argparse.Namespace, functions: dict[str, Function],
+                 exports: dict[str, tuple[str, str | None]], facts_file: Path) -> dict[str, str]:
+    """The remote-mode files (gen_remote.py), by name; raises GenError or gen_remote.RemoteGenError."""
+    cuda, twins = parse_cuda_header(args.cuda_header)
+    nccl = parse_nccl_header(args.nccl_header)
+    names = gen_remote.header_names(strip_comments(args.cuda_header.read_text(errors="replace")))
+    names |= gen_remote.header_names(strip_comments(args.nccl_header.read_text(errors="replace")))
+    inputs = [args.cuda_header, args.nccl_header, facts_file, Path(gen_remote.__file__)]
+    return gen_remote.generate(functions, cuda, nccl, twins, names, exports, HIDDEN_HAND,
+                               banner("Remote mode (transparent mode): see proxy_server/README.md.", inputs),
+                               args.cudart_soname)
+
+
 def remote_main(args: argparse.Namespace, facts_file: Path) -> int:
     try:
         functions = describe(args.cuda_header, args.nccl_header, FACTS)
-        cuda, twins = parse_cuda_header(args.cuda_header)
-        nccl = parse_nccl_header(args.nccl_header)
-        names = gen_remote.header_names(strip_comments(args.cuda_header.read_text(errors="replace")))
-        names |= gen_remote.header_names(strip_comments(args.nccl_header.read_text(errors="replace")))
         exports = emulator_exports(args.emulator_lib, args.nm)
-        inputs = [args.cuda_header, args.nccl_header, facts_file, Path(gen_remote.__file__)]
-        files = gen_remote.generate(functions, cuda, nccl, twins, names, exports, HIDDEN_HAND,
-                                    banner("Remote mode (transparent mode): see proxy_server/README.md.", inputs),
-                                    args.cudart_soname)
+        files = remote_files(args, functions, exports, facts_file)
     except (GenError, gen_remote.RemoteGenError) as exc:
         print(f"gen_interpose: {exc}", file=sys.stderr)
         return 1

@@ -308,6 +308,9 @@ def _judge(imp: Import, coverage: Coverage) -> tuple[str, str]:
         return "coverage unknown", "jitckpt's coverage list is not built"
     covered = coverage.lookup(imp.category)
     if imp.name not in covered:
+        refusal = coverage.refusal(imp.name)
+        if refusal is not None:
+            return "not covered", f"transparent mode refuses {imp.name}: {refusal}"
         return "not covered", f"jitckpt does not implement {imp.name}"
     offered = covered[imp.name]
     if imp.version is not None and offered is not None and imp.version != offered:
@@ -519,10 +522,13 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
         uncovered = sorted({i.symbol.name for i in imports if i.symbol.category == category and i.status == "not covered"})
         if uncovered:
             plural = "s" if len(uncovered) != 1 else ""
+            refusals = [f"{n} ({coverage.refusal(n)})" for n in uncovered if coverage.refusal(n) is not None]
+            detail = ("transparent mode must forward every call to the device proxy, and jitckpt does not "
+                      "implement these")
+            if refusals:
+                detail += "; libjitckpt_remote.so refuses " + ", ".join(refusals)
             transparent.append(Reason(f"{len(uncovered)} {CATEGORY_TITLES[category]} function{plural} not covered "
-                                      f"({_sample(uncovered)})",
-                                      "transparent mode must forward every call to the device proxy, and jitckpt "
-                                      "does not implement these"))
+                                      f"({_sample(uncovered)})", detail))
             p_caveats.append(f"{len(uncovered)} {CATEGORY_TITLES[category]} function{plural} "
                              f"({_sample(uncovered, 3)}) {'are' if plural else 'is'} not wrapped and "
                              f"go{'' if plural else 'es'} straight to the real library, which is harmless in "
@@ -559,6 +565,11 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
                                   f"{len(covered)} imports, all in jitckpt's coverage list; no driver-API "
                                   "imports and no static copies of the runtime"))
         t_status = "ok"
+        placeholders = sorted({i.symbol.name for i in covered if coverage.remote.get(i.symbol.name) == "placeholder"})
+        if placeholders:
+            t_caveats.append(f"{', '.join(placeholders)} {'returns' if len(placeholders) == 1 else 'return'} a fixed "
+                             "text in transparent mode, '(not available in transparent mode)', instead of the "
+                             "library's message (said once on stderr when called); the program goes on")
     else:
         t_status = "not supported"
         if unjudged:

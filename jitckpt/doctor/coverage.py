@@ -6,14 +6,26 @@ package data.  ``jitckpt.native.find`` says where it is.  Its form::
 
     {"generated_by": "...", "runtime_version_node": "libcudart.so.13",
      "functions": {"cudaMalloc": {"library": "cudart", "version": "libcudart.so.13",
-                                  "passthrough": "forwarded", "transparent": true}, ...}}
+                                  "passthrough": "forwarded", "transparent": true}, ...},
+     "remote_library": "libjitckpt_remote.so",
+     "remote": {"cudaMalloc": "marshalled", "__cudaRegisterFatBinary": "hand-written", ...},
+     "refused": {"cudaGraphLaunch": "CUDA graphs: ...", ...}}
 
-A function is *covered* when ``transparent`` is true: transparent mode can
-forward it to the device proxy.  ``passthrough`` says whether passthrough
-mode wraps it (``wrapped``) or hands it to the real library unchanged
-(``forwarded``).  When the list is not built, ``load_coverage`` returns a
-``Coverage`` that says so (``known`` is False) instead of guessing: the
-doctor then still analyses the program but reports the coverage as unknown.
+A function is *covered* when ``transparent`` is true: transparent mode's
+worker library, ``libjitckpt_remote.so``, forwards it to the device proxy
+(or, for a pure function such as ``cudaGetErrorString``, runs it in the
+worker), and the CPU device emulator implements it.  The generator reads that
+from the remote library's own generated stubs, so it is what the library does
+today, not a plan.  ``remote`` says how each function is handled
+(``marshalled``: generated stub and dispatch; ``hand-written``: nvcc's hidden
+entry points, launches, pinned host memory; ``in-process``), and ``refused``
+gives the reason the library prints when a program calls a function it
+refuses (both optional: older lists and the tests' fixtures lack them).
+``passthrough`` says whether passthrough mode wraps a function (``wrapped``)
+or hands it to the real library unchanged (``forwarded``).  When the list is
+not built, ``load_coverage`` returns a ``Coverage`` that says so (``known``
+is False) instead of guessing: the doctor then still analyses the program but
+reports the coverage as unknown.
 """
 
 from __future__ import annotations
@@ -44,9 +56,13 @@ class Coverage:
     ``runtime`` and ``nccl`` map a covered function name to the symbol
     version it is exported with (None: unversioned, as NCCL).
     ``passthrough`` maps every listed runtime and NCCL function, covered or
-    not, to ``wrapped`` or ``forwarded``.  ``sources`` says where the list
-    came from, for the report.  ``missing`` is None when the list was read,
-    else why it is unknown (then the tables are empty).
+    not, to ``wrapped`` or ``forwarded``.  ``remote`` maps a function
+    ``libjitckpt_remote.so`` handles to how (``marshalled``,
+    ``hand-written``, ``in-process``) and ``refused`` a function it refuses
+    to its reason; both are empty for a list without those tables.
+    ``sources`` says where the list came from, for the report.  ``missing``
+    is None when the list was read, else why it is unknown (then the tables
+    are empty).
     """
 
     runtime: dict[str, Optional[str]]
@@ -55,6 +71,8 @@ class Coverage:
     passthrough: dict[str, str] = field(default_factory=dict)
     runtime_version: str = RUNTIME_VERSION_NODE
     missing: Optional[str] = None
+    remote: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def unknown(cls, why: str = NOT_BUILT) -> Coverage:
@@ -74,6 +92,10 @@ class Coverage:
             return self.nccl
         return {}
 
+    def refusal(self, name: str) -> Optional[str]:
+        """The reason ``libjitckpt_remote.so`` gives when it refuses ``name``; None if it does not (or is not known to)."""
+        return self.refused.get(name)
+
     def to_json(self, full: bool = False) -> dict[str, Any]:
         """JSON form: whether it is known, counts and sources, plus the names when ``full``."""
         data: dict[str, Any] = {
@@ -89,6 +111,8 @@ class Coverage:
             data["runtime"] = {n: v for n, v in sorted(self.runtime.items())}
             data["nccl"] = {n: v for n, v in sorted(self.nccl.items())}
             data["passthrough"] = {n: v for n, v in sorted(self.passthrough.items())}
+            data["remote"] = {n: v for n, v in sorted(self.remote.items())}
+            data["refused"] = {n: v for n, v in sorted(self.refused.items())}
         return data
 
 
@@ -149,4 +173,9 @@ def _parse(data: Any, source: str) -> Coverage:
         passthrough[name] = mode
         if transparent:
             tables[category][name] = version
-    return Coverage(tables[RUNTIME], tables[NCCL], [source], passthrough, version_node)
+    remote, refused = data.get("remote", {}), data.get("refused", {})
+    for key, table in (("remote", remote), ("refused", refused)):
+        if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+            raise ValueError(f"'{key}' must map function names to strings")
+    return Coverage(tables[RUNTIME], tables[NCCL], [source], passthrough, version_node,
+                    remote=dict(remote), refused=dict(refused))

@@ -133,8 +133,11 @@ def _covers(coverage: Coverage) -> str:
     """The report's header line on coverage: how much jitckpt covers, or that it is unknown."""
     if not coverage.known:
         return _wrap(f"{coverage.missing}", "  ", "    ")
-    return (f"  jitckpt covers {len(coverage.runtime)} CUDA runtime functions ({coverage.runtime_version}) and "
-            f"{len(coverage.nccl)} NCCL functions (--transparent-list prints them)")
+    line = (f"jitckpt covers {len(coverage.runtime)} CUDA runtime functions ({coverage.runtime_version}) and "
+            f"{len(coverage.nccl)} NCCL functions")
+    if coverage.refused:
+        line += f" in transparent mode; libjitckpt_remote.so refuses {len(coverage.refused)} others by name"
+    return _wrap(line + " (--transparent-list prints them)", "  ", "    ")
 
 
 def render_coverage(coverage: Coverage) -> str:
@@ -151,6 +154,19 @@ def render_coverage(coverage: Coverage) -> str:
         out.append(f"{title} ({len(table)}; passthrough mode wraps {wrapped} of them and forwards the rest "
                    "unchanged):")
         out.append(_wrap(" ".join(sorted(table)), "  "))
+    if coverage.remote:
+        hows = {}
+        for name in (*coverage.runtime, *coverage.nccl):
+            how = coverage.remote.get(name, "?")
+            hows[how] = hows.get(how, 0) + 1
+        out.append(_wrap("How transparent mode's worker library (libjitckpt_remote.so) handles them: "
+                         + ", ".join(f"{count} {how}" for how, count in sorted(hows.items()))
+                         + " (marshalled: generated stub and proxy dispatch; hand-written: nvcc's hidden entry "
+                           "points, launches, pinned host memory; in-process: pure functions run in the worker).", ""))
+    if coverage.refused:
+        out.append(_wrap(f"It refuses {len(coverage.refused)} other CUDA runtime and NCCL functions by name "
+                         "(a program's call fails with cudaErrorNotSupported or ncclInvalidUsage, and one message); "
+                         "`jit-run doctor PROGRAM` names those a program imports, with the reason.", ""))
     out.append("Never covered: the driver API (cu*), cuBLAS, cuDNN and other libraries with their own static "
                "runtime, and programs linked with -cudart static.")
     return "\n".join(out) + "\n"

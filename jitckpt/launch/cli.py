@@ -1,11 +1,14 @@
 """`jit-run`: the command-line entry point.
 
     jit-run [jit options] torchrun [torchrun options] train.py [args]   run a job
+    jit-run --transparent torchrun [torchrun options] --no-python ./program [args]
+                                                                        transparent mode (one device proxy per rank)
     jit-run plan ...                                                    failure-cost model
     jit-run doctor PROGRAM_OR_LIBRARY                                   CUDA/NCCL coverage
     jit-run emulator-path                                               CPU device emulator dir
 
-Subcommands are dispatched here; running a job is `jitckpt.launch.launcher`.
+Subcommands are dispatched here; running a job is `jitckpt.launch.launcher`
+(`jitckpt.launch.transparent` with --transparent).
 """
 
 from __future__ import annotations

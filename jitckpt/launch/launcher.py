@@ -5,7 +5,8 @@ directory is an error now, not at failure time), then runs torchrun's own
 agent with the jit-run patches (``jitckpt.launch.agent``) and the workers'
 environment set up.  torchrun's flags pass through unchanged; restarts are
 ``--max-restarts``.  When torchrun exits, jit-run prints the recovery report
-and writes it as JSON.
+and writes it as JSON.  ``--transparent`` hands the job to
+``jitckpt.launch.transparent`` instead (transparent mode: one device proxy per rank).
 """
 
 from __future__ import annotations
@@ -76,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
                              f"fresh interpreters [{config.ENV_WARM_RESTART}, default %(default)s]")
     parser.add_argument("--keep", type=int, default=3,
                         help="keep the newest N complete checkpoint steps, prune older ones at start (default %(default)s)")
+    parser.add_argument("--transparent", action="store_true",
+                        help="transparent mode: the program runs unchanged and every CUDA runtime and NCCL call goes "
+                             "to a device proxy per rank (jitckpt-proxy); checked by `jit-run doctor` first, refused "
+                             "with the reasons when it cannot work. `torchrun ... --no-python ./program` or "
+                             "`torchrun ... train.py`; a bare `./program` runs as one rank")
+    parser.add_argument("--proxy-cudart", metavar="PATH",
+                        help="transparent mode: the CUDA runtime the proxies load (their --cudart; default: the CPU "
+                             "device emulator when built, else libcudart.so.13)")
+    parser.add_argument("--proxy-nccl", metavar="PATH",
+                        help="transparent mode: the NCCL the proxies load (their --nccl; default as --proxy-cudart)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="torchrun [torchrun options] script.py [args]")
     return parser
 
@@ -258,6 +269,17 @@ def _with_interposer(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def explicit_options(argv: list[str], args: argparse.Namespace) -> list[str]:
+    """The dests of the jit-run options given on the command line (not from defaults or the environment)."""
+    own = argv[:len(argv) - len(args.command)] if args.command else list(argv)
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    given = parser.parse_args(own)
+    return sorted(vars(given))
+
+
 def say(message: str) -> None:
     print(f"[jit-run] {message}", file=sys.stderr, flush=True)
 
@@ -275,6 +297,13 @@ def main(argv: list[str]) -> int:
             say(f"error: cannot run {args.command[0]!r}: {exc.strerror or exc}")
             return 127
     args = build_parser().parse_args(argv)
+    if args.transparent:
+        from jitckpt.launch import transparent
+
+        return transparent.main(args, explicit_options(argv, args))
+    if args.proxy_cudart is not None or args.proxy_nccl is not None:
+        say("error: --proxy-cudart and --proxy-nccl are options of transparent mode: add --transparent")
+        return 2
     try:
         agent_cmd, env, run_dir = prepare(args)
     except UsageError as exc:

@@ -14,7 +14,14 @@
  * worker disconnects.
  *
  * Options (each also an environment variable where named):
- *   --socket PATH        the Unix socket to listen on (required)
+ *   --socket PATH        the Unix socket to listen on (required).  In spawn
+ *                        mode, %r in PATH is replaced by the RANK environment
+ *                        variable and %l by LOCAL_RANK (each 0 when unset), %%
+ *                        by a literal %: torchrun gives every local worker the
+ *                        same argv, so `--socket DIR/rank-%r.sock` names one
+ *                        socket per rank.  Without a PROGRAM (--worker-pid, and
+ *                        a proxy the worker restarted, which is given the
+ *                        expanded path) PATH is taken as it is.
  *   --cudart PATH        the CUDA runtime to load    (JITCKPT_PROXY_CUDART)
  *   --nccl PATH          NCCL                         (JITCKPT_PROXY_NCCL)
  *   --preload PATH       spawn mode: the worker's interposer, default
@@ -32,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,8 +72,63 @@ void pdebug(const char *fmt, ...)
 static void usage(void)
 {
     fprintf(stderr, "usage: jitckpt-proxy --socket PATH [--cudart PATH] [--nccl PATH] [--preload PATH]\n"
-                    "                     [--worker-pid PID] [--arena-mib N] [--verbose] [-- PROGRAM ARGS...]\n");
+                    "                     [--worker-pid PID] [--arena-mib N] [--verbose] [-- PROGRAM ARGS...]\n"
+                    "  in --socket PATH: %%r = $RANK, %%l = $LOCAL_RANK (0 when unset), %%%% = %%\n");
     exit(2);
+}
+
+/* The value of a rank variable for --socket: its digits, "0" when unset or
+ * empty; NULL (after saying why) when it is not a non-negative integer. */
+static const char *rank_variable(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return "0";
+    if (strlen(v) > 10 || strspn(v, "0123456789") != strlen(v)) {
+        fprintf(stderr, "jitckpt-proxy: --socket: %s=%s is not a rank (a non-negative integer)\n", name, v);
+        return NULL;
+    }
+    return v;
+}
+
+/* Spawn mode's --socket PATH with %r, %l and %% expanded (see the options above); exits 2
+ * with a message for another %-sequence, a bad RANK/LOCAL_RANK, or a result
+ * that does not fit a Unix socket address (sun_path: 108 bytes with the NUL). */
+static const char *expand_socket_path(const char *path)
+{
+    static char out[sizeof ((struct sockaddr_un *)0)->sun_path];
+    size_t n = 0;
+    for (const char *p = path; *p; p++) {
+        const char *piece;
+        char one[2] = {*p, '\0'};
+        if (*p != '%') {
+            piece = one;
+        } else if (p[1] == '%') {
+            piece = "%";
+            p++;
+        } else if (p[1] == 'r' || p[1] == 'l') {
+            piece = rank_variable(p[1] == 'r' ? "RANK" : "LOCAL_RANK");
+            if (!piece)
+                exit(2);
+            p++;
+        } else {
+            fprintf(stderr, "jitckpt-proxy: --socket %s: %s%.1s%s (%%r: RANK, %%l: LOCAL_RANK, "
+                            "%%%%: a literal %%)\n", path, p[1] ? "unknown %-sequence '%" : "a lone % at the end",
+                    p + 1, p[1] ? "'" : "");
+            exit(2);
+        }
+        size_t len = strlen(piece);
+        if (n + len >= sizeof out) {
+            fprintf(stderr, "jitckpt-proxy: --socket %s: the socket path is longer than a Unix socket "
+                            "address allows (%zu bytes at most); use a shorter directory\n",
+                    path, sizeof out - 1);
+            exit(2);
+        }
+        memcpy(out + n, piece, len);
+        n += len;
+    }
+    out[n] = '\0';
+    return out;
 }
 
 static void parse(int argc, char **argv, struct proxy_options *o)
@@ -103,6 +166,8 @@ static void parse(int argc, char **argv, struct proxy_options *o)
     }
     if (!o->socket_path || o->arena_bytes == 0)
         usage();
+    if (o->program)
+        o->socket_path = expand_socket_path(o->socket_path);
 }
 
 static pid_t spawn(const struct proxy_options *o)

@@ -3,7 +3,11 @@
 jit-run puts this directory first on the workers' PYTHONPATH.  Calling
 ``jitckpt.worker.arm()`` here installs the hooks and the watchdog before the
 script calls init_process_group, even if the script imports jitckpt late (or,
-for detection only, not at all).  Any other sitecustomize on the path still runs.
+for detection only, not at all).  In transparent mode (``jit-run
+--transparent``: ``JITCKPT_TRANSPARENT=1``) it installs instead the minibatch
+boundary hooks for the preloaded remote library
+(``jitckpt.transparent.phases``), which do nothing without it.  Any other
+sitecustomize on the path still runs.
 """
 
 import os
@@ -24,6 +28,18 @@ def _arm() -> None:
         print(f"[jitckpt] could not arm just-in-time checkpointing: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
+def _transparent() -> None:
+    if os.environ.get("JITCKPT_TRANSPARENT") != "1":
+        return
+    try:
+        import jitckpt.transparent.phases
+
+        jitckpt.transparent.phases.install_from_environment()
+    except Exception as exc:  # never stop the user's script from starting
+        print(f"[jitckpt] transparent mode: could not install the minibatch boundary hooks: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 def _chain() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     for entry in sys.path:
@@ -38,4 +54,5 @@ def _chain() -> None:
 
 
 _arm()
+_transparent()
 _chain()

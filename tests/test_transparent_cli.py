@@ -1,0 +1,359 @@
+"""``jit-run --transparent``: checked by doctor first, one device proxy per rank, on the CPU emulator.
+
+- refusals before anything starts (exit status 2), naming each reason and
+  function: a program that calls functions ``libjitckpt_remote.so`` refuses,
+  one that imports the driver API, a program that does not exist, one with no
+  CUDA at all, a Python job on a CPU-only PyTorch; options of the other mode;
+  native parts not built;
+- the command rewrite: torchrun starts ``jitckpt-proxy --socket DIR/rank-%r.sock
+  ... -- PROGRAM ARGS`` for every worker, DIR private and removed at exit;
+- ``jitckpt-proxy``'s ``%r``/``%l``/``%%`` in ``--socket`` (spawn mode);
+- end to end: ``examples/cuda_mlp`` with 3 ranks through torchrun and three
+  proxies ends with the same checksum as the same run without jitckpt.
+
+Everything runs on the CPU device emulator; nothing here says anything about GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+import jitckpt.native
+from conftest import REPO, job_env
+from jitckpt.launch import launcher, transparent
+from native_toolchain import CUDA_HOME, EMULATOR_ENV, REQUIRES_CUDA_TOOLCHAIN
+
+pytestmark = REQUIRES_CUDA_TOOLCHAIN
+
+PROXY_DIR = REPO / "proxy_server"
+PROXY = PROXY_DIR / "build" / "jitckpt-proxy"
+REMOTE_LIB = REPO / "interpose" / "build" / "libjitckpt_remote.so"
+EMULATOR_BUILD = REPO / "emulator" / "build"
+MLP_DIR = REPO / "examples" / "cuda_mlp"
+MLP = MLP_DIR / "build" / "mlp"
+TWINS = MLP_DIR / "build" / "libmlp_twins.so"
+TIMEOUT = 180
+
+REFUSED_PROGRAM = r"""
+/* A CUDA runtime program that calls two functions transparent mode refuses. */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+static void CUDART_CB hello(void *arg) { (void)arg; puts("host function ran"); }
+int main(void)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, 1024);
+    if (e == cudaSuccess)
+        e = cudaLaunchHostFunc(0, hello, NULL);
+    printf("PROGRAM RAN: %s\n", cudaGetErrorString(e));
+    cudaFree(p);
+    return cudaDeviceReset() != cudaSuccess;
+}
+"""
+
+DRIVER_PROGRAM = r"""
+/* Calls the CUDA driver API (cuInit) besides the runtime. */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+int cuInit(unsigned flags);
+int main(void)
+{
+    void *p = NULL;
+    printf("PROGRAM RAN: %d %d\n", cuInit(0), (int)cudaMalloc(&p, 16));
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="session")
+def built() -> None:
+    """The proxy, the remote library, the emulator and the CUDA example, built."""
+    for directory in (PROXY_DIR, MLP_DIR):
+        proc = subprocess.run(["make", "-C", str(directory), "-j2"], capture_output=True, text=True)
+        assert proc.returncode == 0, f"make -C {directory} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert PROXY.exists() and REMOTE_LIB.exists() and MLP.exists() and TWINS.exists()
+
+
+def gcc(tmp_path: Path, name: str, source: str, *libs: str) -> Path:
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    out = tmp_path / name
+    proc = subprocess.run(["gcc", "-O1", "-I", str(CUDA_HOME / "include"), "-o", str(out), str(src), *libs,
+                           "-L", str(EMULATOR_BUILD), "-l:libcudart.so.13"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def refused_program(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return gcc(tmp_path_factory.mktemp("refused"), "refused", REFUSED_PROGRAM)
+
+
+@pytest.fixture(scope="session")
+def driver_program(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A program linked against a stand-in libcuda.so.1 that defines cuInit."""
+    directory = tmp_path_factory.mktemp("driver")
+    stub = directory / "libcuda.so.1"
+    (directory / "cuda_stub.c").write_text("int cuInit(unsigned flags) { (void)flags; return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub),
+                    str(directory / "cuda_stub.c")], check=True)
+    return gcc(directory, "driver", DRIVER_PROGRAM, str(stub), f"-Wl,-rpath,{directory}")
+
+
+def emulator_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in job_env().items()
+           if k not in (*EMULATOR_ENV, "LD_PRELOAD", "JITCKPT_PROXY_SOCKET", "JITCKPT_TRANSPARENT", "XDG_RUNTIME_DIR")}
+    env["LD_LIBRARY_PATH"] = str(EMULATOR_BUILD)
+    env.update(extra)
+    return env
+
+
+def jit_run(*args: str, env: dict[str, str] | None = None, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "jitckpt", *args], capture_output=True, text=True,
+                          env=env or emulator_env(), timeout=timeout, cwd=REPO)
+
+
+def refused(result: subprocess.CompletedProcess) -> str:
+    """The refusal's text, after checking it is one: status 2, nothing started."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "PROGRAM RAN" not in result.stdout and "launching" not in result.stderr
+    assert "jitckpt remote[" not in result.stderr  # no worker ever ran behind a proxy
+    return result.stderr
+
+
+# ---- refusals --------------------------------------------------------------------------------------
+
+
+def test_refuses_a_program_calling_functions_the_remote_library_refuses(refused_program: Path) -> None:
+    err = refused(jit_run("--transparent", "torchrun", "--standalone", "--nproc_per_node", "2", "--no-python",
+                          str(refused_program)))
+    assert f"transparent mode cannot run {refused_program}" in err
+    for name in ("cudaLaunchHostFunc", "cudaDeviceReset"):
+        assert re.search(rf"{name}@libcudart.so.13 \(in refused\): transparent mode refuses {name}: not marshalled",
+                         err), err
+    assert f"jit-run doctor {refused_program}" in err
+    # doctor says the same on its own
+    doctor = jit_run("doctor", str(refused_program))
+    assert doctor.returncode == 0
+    assert "transparent mode NOT SUPPORTED (2 CUDA runtime functions not covered (cudaDeviceReset, " \
+           "cudaLaunchHostFunc))" in doctor.stdout
+    assert "transparent mode refuses cudaLaunchHostFunc: not marshalled by remote mode yet" in doctor.stdout
+
+
+def test_refuses_the_driver_api(driver_program: Path) -> None:
+    err = refused(jit_run("--transparent", str(driver_program)))
+    assert "imports the CUDA driver API (cuInit)" in err and "not interposed" in err
+
+
+def test_refuses_what_it_cannot_find_or_has_nothing_to_intercept(built, tmp_path: Path) -> None:
+    err = refused(jit_run("--transparent", "torchrun", "--nproc_per_node", "2", "--no-python", "./no-such-program"))
+    assert "cannot find the program './no-such-program': no such file" in err
+    err = refused(jit_run("--transparent", "no-such-command-jitckpt"))
+    assert "not a file here and not a command on PATH" in err
+    err = refused(jit_run("--transparent", "true"))
+    assert "transparent mode has nothing to intercept" in err and "no CUDA runtime or NCCL function" in err
+    err = refused(jit_run("--transparent", "torchrun", "--nproc_per_node", "2", "no_such_script.py"))
+    assert "cannot find the training script 'no_such_script.py'" in err
+
+
+@pytest.mark.skipif(__import__("torch").version.cuda is not None, reason="this PyTorch has CUDA")
+def test_refuses_a_python_job_on_a_cpu_only_pytorch(built) -> None:
+    err = refused(jit_run("--transparent", "torchrun", "--standalone", "--nproc_per_node", "2",
+                          "examples/train_mlp.py"))
+    assert "transparent mode has nothing to intercept in examples/train_mlp.py" in err
+    assert "CPU-only build" in err and "without --transparent" in err
+
+
+def test_refuses_options_of_the_other_mode(built) -> None:
+    err = refused(jit_run("--transparent", "--fault", "rank=0,step=1,phase=forward,kind=kill",
+                          "--checkpoint-dir", "/tmp/x", "torchrun", "--no-python", str(MLP)))
+    assert "--checkpoint-dir, --fault belong to user-level mode" in err
+    result = jit_run("--proxy-cudart", str(EMULATOR_BUILD / "libcudart.so.13"), "torchrun", "x.py")
+    assert result.returncode == 2 and "options of transparent mode: add --transparent" in result.stderr
+    err = refused(jit_run("--transparent", "--proxy-nccl", "/no/such/libnccl.so.2", str(MLP)))
+    assert "--proxy-nccl /no/such/libnccl.so.2: no such file" in err
+
+
+def test_refuses_when_the_native_parts_are_not_built(built, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setattr(jitckpt.native, "find", lambda part, name: None)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(EMULATOR_BUILD))
+    status = launcher.main(["--transparent", str(MLP), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert status == 2 and "not built (jitckpt-proxy, libjitckpt_remote.so)" in err
+    assert "make -C proxy_server -j2" in err
+
+
+# ---- the command rewrite ---------------------------------------------------------------------------
+
+
+def parsed(*argv: str) -> Namespace:
+    return launcher.build_parser().parse_args(list(argv))
+
+
+def test_torchrun_starts_a_proxy_per_worker(built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(EMULATOR_BUILD))
+    monkeypatch.setenv("JITCKPT_ACTIVE", "1")
+    cudart, nccl = EMULATOR_BUILD / "libcudart.so.13", EMULATOR_BUILD / "libnccl.so.2"
+    launch = transparent.prepare(parsed("--transparent", "--proxy-cudart", str(cudart), "--proxy-nccl", str(nccl),
+                                        "torchrun", "--standalone", "--nproc_per_node", "3", "--no-python",
+                                        str(MLP),
+                                        "--steps", "20"))
+    try:
+        directory = launch.directory
+        assert directory.parent == runtime and stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert launch.command == [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3", "--no-python",
+            str(PROXY.resolve()), "--socket", f"{directory}/rank-%r.sock", "--cudart", str(cudart.resolve()),
+            "--nccl", str(nccl.resolve()), "--preload", str(REMOTE_LIB.resolve()), "--",
+            str(MLP.resolve()), "--steps", "20"]
+        env = launch.env
+        assert env["JITCKPT_TRANSPARENT"] == "1" and env["JITCKPT_PYTHON"] == sys.executable
+        assert "JITCKPT_ACTIVE" not in env  # user-level mode's runtime stays off
+        assert env["PYTHONPATH"].split(os.pathsep)[0].endswith("jitckpt/worker/_bootstrap")
+        assert env["LD_LIBRARY_PATH"] == str(EMULATOR_BUILD)  # the user's environment, unchanged
+    finally:
+        import shutil
+
+        shutil.rmtree(launch.directory)
+
+
+def test_python_jobs_run_the_script_with_this_interpreter(built, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """(The doctor check of PyTorch's CUDA libraries is stood in for: this PyTorch has none.)"""
+    monkeypatch.setattr(transparent, "check_python", lambda job, env: [])
+    script = tmp_path / "train.py"
+    script.write_text("")
+    for given, program in (
+        ([str(script), "--lr", "1"], [sys.executable, "-u", str(script), "--lr", "1"]),
+        (["-m", "pkg.train", "--lr", "1"], [sys.executable, "-u", "-m", "pkg.train", "--lr", "1"]),
+    ):
+        launch = transparent.prepare(parsed("--transparent", "torchrun", "--nnodes", "1", "--nproc-per-node", "2",
+                                            *given))
+        launch.directory.rmdir()
+        tail = launch.command[launch.command.index("--") + 1:]
+        assert tail == program
+        assert launch.command[3:7] == ["--nnodes", "1", "--nproc-per-node", "2"]
+        assert launch.command[7] == "--no-python" and launch.command[8] == str(PROXY.resolve())
+
+
+def test_socket_paths_that_would_be_too_long_are_refused(built, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    deep.mkdir(parents=True)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(transparent.Refused, match="at most 107 bytes. Set XDG_RUNTIME_DIR or TMPDIR"):
+        transparent.socket_dir()
+    assert not any(p.name.startswith("jitckpt-") for p in deep.iterdir())
+    # a long XDG_RUNTIME_DIR falls back to a short temporary directory
+    short = tmp_path / "t"
+    short.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(short))
+    directory, template = transparent.socket_dir()
+    assert directory.parent == short and template == f"{directory}/rank-%r.sock"
+    directory.rmdir()
+
+
+# ---- %r in jitckpt-proxy --socket ------------------------------------------------------------------
+
+
+def proxy_echo(socket: str, **env: str) -> subprocess.CompletedProcess:
+    """Spawn mode with a program that makes no CUDA call: it prints the socket path it was given."""
+    e = emulator_env()
+    for name in ("RANK", "LOCAL_RANK"):
+        e.pop(name, None)
+    e.update(env)
+    return subprocess.run([str(PROXY), "--socket", socket, "--", "sh", "-c", 'echo "$JITCKPT_PROXY_SOCKET"'],
+                          env=e, capture_output=True, text=True, timeout=60)
+
+
+def test_proxy_socket_path_substitution(built, tmp_path: Path) -> None:
+    done = proxy_echo(f"{tmp_path}/r%r-l%l-%%.sock", RANK="12", LOCAL_RANK="2")
+    assert done.returncode == 0 and done.stdout == f"{tmp_path}/r12-l2-%.sock\n", done.stderr
+    done = proxy_echo(f"{tmp_path}/rank-%r.sock")  # RANK unset: 0
+    assert done.stdout == f"{tmp_path}/rank-0.sock\n"
+    for socket, env, message in (
+        (f"{tmp_path}/%x.sock", {}, "unknown %-sequence '%x'"),
+        (f"{tmp_path}/end%", {}, "a lone % at the end"),
+        (f"{tmp_path}/%r.sock", {"RANK": "-1"}, "RANK=-1 is not a rank"),
+        ("/tmp/" + "a" * 98 + "%r%r", {"RANK": "1234"}, "longer than a Unix socket address allows (107 bytes"),
+    ):
+        done = proxy_echo(socket, **env)
+        assert done.returncode == 2 and message in done.stderr and done.stdout == "", (socket, done.stderr)
+
+
+def test_torchrun_workers_each_get_their_own_socket(built, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "--no-python", str(PROXY), "--socket", f"{tmp_path}/rank-%r.sock", "--",
+                           "sh", "-c", 'echo "rank $RANK socket $JITCKPT_PROXY_SOCKET"'],
+                          env=emulator_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} socket {tmp_path}/rank-{rank}.sock" in proc.stdout
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+
+
+def checksums(output: str) -> dict[int, str]:
+    return {int(r): c for r, c in re.findall(r"\[rank (\d+)\] final parameters checksum ([0-9a-f]{16})", output)}
+
+
+def test_cuda_mlp_three_ranks_through_jit_run_transparent(built, tmp_path: Path) -> None:
+    """3 ranks, each behind its own proxy, end with the checksum of the same run without jitckpt."""
+    args = ["--standalone", "--nproc_per_node", "3", "--no-python", str(MLP), "--steps", "20"]
+    (tmp_path / "plain").mkdir()
+    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", *args, "--rendezvous-dir",
+                            str(tmp_path / "plain")], env=emulator_env(), capture_output=True, text=True,
+                           timeout=TIMEOUT, cwd=REPO)
+    assert plain.returncode == 0, plain.stderr
+    want = checksums(plain.stdout)
+    assert sorted(want) == [0, 1, 2] and len(set(want.values())) == 1
+
+    (tmp_path / "transparent").mkdir()
+    env = emulator_env(JITCKPT_SIMDEV_KERNELS=str(TWINS), JITCKPT_REMOTE_LOG_TRACE="1")
+    result = jit_run("--transparent", "torchrun", *args, "--rendezvous-dir", str(tmp_path / "transparent"), env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert checksums(result.stdout) == want
+    start = re.search(r"\[jit-run\] transparent mode: native program .*mlp, .*sockets in (\S+)\); launching torchrun",
+                      result.stderr)
+    assert start, result.stderr
+    assert not Path(start.group(1)).exists()  # the private directory is gone
+    # every rank ran behind its own proxy: three workers with the remote library's call log
+    assert len(set(re.findall(r"jitckpt remote\[(\d+)\]", result.stderr))) == 3, result.stderr
+
+
+def test_a_hung_all_reduce_is_recovered_under_jit_run_transparent(built, tmp_path: Path) -> None:
+    """jit-run's environment is all the remote library's recovery needs (JITCKPT_PYTHON, the package on
+    PYTHONPATH for the rendezvous, torchrun's store); --hang-timeout reaches it.  The recovery itself is
+    proxy_server/README.md's: tests/test_proxy_recovery.py covers its cases."""
+    args = ["--standalone", "--nproc_per_node", "3", "--no-python", str(MLP), "--steps", "30"]
+    (tmp_path / "plain").mkdir()
+    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", *args, "--rendezvous-dir",
+                            str(tmp_path / "plain")], env=emulator_env(), capture_output=True, text=True,
+                           timeout=TIMEOUT, cwd=REPO)
+    want = checksums(plain.stdout)
+    assert plain.returncode == 0 and len(want) == 3, plain.stderr
+    (tmp_path / "faulty").mkdir()
+    env = emulator_env(JITCKPT_SIMDEV_KERNELS=str(TWINS),
+                       JITCKPT_SIMDEV_FAULT="rank=1,op=ncclAllReduce,call=9,kind=hang")
+    env.pop("JITCKPT_HANG_TIMEOUT", None)
+    result = jit_run("--transparent", "--hang-timeout", "2", "torchrun", *args, "--rendezvous-dir",
+                     str(tmp_path / "faulty"), env=env)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-6000:]
+    assert checksums(result.stdout) == want, out[-6000:]
+    assert "within JITCKPT_HANG_TIMEOUT=2 s" in out
+    assert sorted(re.findall(r"rank (\d): recovered in", out)) == ["0", "1", "2"], out[-6000:]
