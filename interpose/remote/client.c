@@ -480,7 +480,7 @@ int32_t remote_call(struct rcall *c)
         remote_log_call(c, async ? 0 : JITCKPT_REC_SYNC);
     if (async)
         return c->ret = 0;                      /* cudaSuccess, ncclSuccess: its error comes later */
-    recovery_watch = c->log && remote_recovery_enabled();
+    recovery_watch = (c->log || remote_recovery_watch_protocol()) && remote_recovery_enabled();
     int w = wait_tail(end, 1);
     recovery_watch = 0;
     if (w == 2)

@@ -62,6 +62,8 @@ const char *restart_replace_and_recreate(void);
 extern int remote_proxy_lost;
 
 static int configured, enabled, in_recovery, world = 1, rank;
+static const char *busy;         /* "the recovery" or "replay validation": a failure now cannot be recovered */
+static int watch_protocol;       /* the protocol's own waits are watched too (after the first RST_CLEAR) */
 static double hang_timeout = 30.0;
 static int generation;
 static uint64_t last_done;
@@ -99,7 +101,13 @@ static void configure(void)
 int remote_recovery_enabled(void)
 {
     configure();
-    return enabled && !in_recovery;
+    return enabled;
+}
+
+/* client.c: whether a wait of the recovery's or validation's own calls watches for a failure. */
+int remote_recovery_watch_protocol(void)
+{
+    return in_recovery && watch_protocol;
 }
 
 int remote_recoverable_error(unsigned fn, int32_t ret)
@@ -342,7 +350,12 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     (void)c0;
     struct rcall c;
     double t0 = now_s();
+    if (in_recovery)
+        give_up("a second failure during %s (%s)", busy ? busy : "the recovery",
+                why ? why : "a collective hung or a peer failed");
     in_recovery = 1;
+    watch_protocol = 0;
+    busy = "the recovery";
     generation++;
     struct jitckpt_wire *w = remote_wire();
     char reason[160];
@@ -516,6 +529,7 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     rc_put(&c, &resume, sizeof resume);
     if (remote_call(&c) != 0 || rc_get(&c, &left, sizeof left) != 0)
         give_up("the device proxy did not answer after the abort");
+    watch_protocol = 1;                        /* from here on, a new failure is a second failure */
     double t_comm = now_s();
     /* The replica fetch: the root's allocations (those older than K) to each rank that needs them. */
     uint64_t fetched = 0;
@@ -571,7 +585,8 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
          (unsigned long long)fetched, (t_end - t_fetch) * 1e3, (unsigned long long)rs.calls,
          (unsigned long long)K, skip ? " (the rest of the failed optimizer step skipped)" : "", root,
          waited_ms < 0 ? 0.0 : waited_ms);
-    in_recovery = 0;
+    in_recovery = watch_protocol = 0;
+    busy = NULL;
     return 0;
 }
 
@@ -723,7 +738,8 @@ void remote_validate_end(uint64_t minibatch)
     validating = -1;
     double t0 = now_s();
     struct rcall c;
-    in_recovery = 1;
+    in_recovery = watch_protocol = 1;          /* a failure during the check: the job stops (remote_recover) */
+    busy = "replay validation";
     const char *failed = NULL;
     size_t nend = 0;
     struct snap *end = NULL;
@@ -785,7 +801,8 @@ out:
     free_snap(end, nend);
     free_snap(pre, npre);
     pre = NULL;
-    in_recovery = 0;
+    in_recovery = watch_protocol = 0;
+    busy = NULL;
     if (failed)
         give_up("replay validation at minibatch %llu failed %s, and device memory may be changed",
                 (unsigned long long)minibatch, failed);

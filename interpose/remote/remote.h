@@ -101,6 +101,7 @@ extern int remote_skipping;                          /* recover.c: the rest of a
 
 /* recover.c */
 int remote_recovery_enabled(void);
+int remote_recovery_watch_protocol(void);            /* a protocol call's wait watches for a second failure */
 int remote_recovery_check(void);                     /* under the call lock: 1 if a failure needs recovery */
 int32_t remote_recover(struct rcall *c, const char *why, int memory_lost, int pending_logged);
 int remote_recoverable_error(unsigned fn, int32_t ret);
