@@ -203,6 +203,7 @@ static void ring_doorbell(void)
  * back-pressure waits for a good part of the ring and sleeps at once, leaving
  * the CPU to the proxy. */
 static int recovery_watch;      /* wait_tail: 1 while a synchronous call of the program waits (recover.c) */
+int abort_pending;              /* a back-pressure wait asked the proxy to drop everything: recover next */
 
 static int wait_tail(uint64_t until, int spin)
 {
@@ -238,6 +239,13 @@ static int wait_tail(uint64_t until, int spin)
         if (recovery_watch && remote_recovery_check()) {
             __atomic_store_n(&wire->worker_waits_for, 0, __ATOMIC_SEQ_CST);
             return 2;                           /* a failure that recovery repairs (recover.c) */
+        }
+        if (!spin && lock_held && !abort_pending && remote_recovery_enabled() && remote_recovery_check()) {
+            /* Back-pressure behind work the proxy holds for a failed collective: have it
+             * drop everything queued (the call being marshalled too); the call recovers
+             * once it is appended (remote_call). */
+            abort_pending = 1;
+            __atomic_store_n(&wire->abort_before, UINT64_MAX, __ATOMIC_SEQ_CST);
         }
     }
     __atomic_store_n(&wire->worker_waits_for, 0, __ATOMIC_SEQ_CST);
@@ -478,13 +486,15 @@ int32_t remote_call(struct rcall *c)
     }
     if (c->log)
         remote_log_call(c, async ? 0 : JITCKPT_REC_SYNC);
+    if (abort_pending)                          /* this record is dropped: recover, then make it again */
+        return recover_and_retry(c, JITCKPT_REC_SYNC, NULL, 0, c->log);
     if (async)
         return c->ret = 0;                      /* cudaSuccess, ncclSuccess: its error comes later */
     recovery_watch = (c->log || remote_recovery_watch_protocol()) && remote_recovery_enabled();
     int w = wait_tail(end, 1);
     recovery_watch = 0;
     if (w == 2)
-        return recover_and_retry(c, JITCKPT_REC_SYNC, NULL, 0, 1);
+        return recover_and_retry(c, JITCKPT_REC_SYNC, NULL, 0, c->log);
     if (w != 0) {
         if (remote_proxy_lost && c->log)
             return recover_and_retry(c, JITCKPT_REC_SYNC, "the device proxy died", 1, 1);

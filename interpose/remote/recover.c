@@ -61,6 +61,11 @@ void restart_comm(size_t i, uint64_t *vid, int *nranks, int *rank, int *device);
 const char *restart_replace_and_recreate(void);
 extern int remote_proxy_lost;
 
+struct snap { uint64_t addr, size, minibatch; unsigned char *bytes; };   /* device memory copied out */
+static struct snap *snapshot(struct rcall *c, size_t *n);
+static int32_t write_alloc(struct rcall *c, uint64_t addr, const unsigned char *from, uint64_t n);
+static void free_snap(struct snap *s, size_t n);
+
 static int configured, enabled, in_recovery, world = 1, rank;
 static const char *busy;         /* "the recovery" or "replay validation": a failure now cannot be recovered */
 static int watch_protocol;       /* the protocol's own waits are watched too (after the first RST_CLEAR) */
@@ -105,9 +110,11 @@ int remote_recovery_enabled(void)
 }
 
 /* client.c: whether a wait of the recovery's or validation's own calls watches for a failure. */
+static int validate_starting;    /* remote_validate_begin: a failure there is an ordinary one */
+
 int remote_recovery_watch_protocol(void)
 {
-    return in_recovery && watch_protocol;
+    return (in_recovery && watch_protocol) || validate_starting;
 }
 
 int remote_recoverable_error(unsigned fn, int32_t ret)
@@ -381,6 +388,8 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     rlog("rank %d: %s: recovering transparently (recovery %d)", rank, reason, generation);
 
     /* 1. Stop: abort the communicators, drop what was not executed. */
+    extern int abort_pending;
+    abort_pending = 0;
     int alive = !remote_proxy_lost && remote_proxy_alive();
     if (alive) {
         uint64_t head = remote_ring_head();
@@ -398,8 +407,10 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     }
     double t_stop = now_s();
 
-    /* 2. This rank's memory. */
-    int mem = alive && !memory_lost;
+    /* 2. This rank's memory.  Driver suspect (memory_lost == RECOVER_SUSPECT): the device still
+     * answers, but the proxy is not trusted: copy everything out, replace it, copy back. */
+    int suspect = memory_lost == RECOVER_SUSPECT;
+    int mem = alive && (!memory_lost || suspect);
     uint64_t done = 0;
     if (mem) {
         int32_t dev = -1;
@@ -409,12 +420,20 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         else
             mem = 0;
     }
-    if (!mem) {
+    struct snap *saved = NULL;
+    size_t nsaved = 0;
+    if (mem && suspect && (saved = snapshot(&c, &nsaved)) == NULL)
+        mem = 0;                               /* could not copy out: as if lost */
+    if (!mem || suspect) {
         const char *failed = restart_replace_and_recreate();
         if (failed)
             give_up("the replacement device proxy failed %s", failed);
         remote_proxy_lost = 0;
     }
+    for (size_t i = 0; saved && i < nsaved; i++)
+        if (write_alloc(&c, saved[i].addr, saved[i].bytes, saved[i].size) != 0)
+            give_up("copying device memory back into the new proxy failed");
+    free_snap(saved, nsaved);
     w = remote_wire();
     double t_restart = now_s();
 
@@ -580,7 +599,8 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     rlog("rank %d: recovered in %.0f ms (stop %.0f, %s %.0f, rendezvous %.0f, communicator %.0f, replica copy %.0f "
          "ms for %llu bytes, replay %.0f ms of %llu calls): resumed at minibatch %llu%s, root rank %d; the oldest "
          "collective had waited %.0f ms when the recovery began",
-         rank, (t_end - t0) * 1e3, (t_stop - t0) * 1e3, mem ? "health check" : "new proxy", (t_restart - t_stop) * 1e3,
+         rank, (t_end - t0) * 1e3, (t_stop - t0) * 1e3,
+         suspect && mem ? "copy out, new proxy, copy back" : mem ? "health check" : "new proxy", (t_restart - t_stop) * 1e3,
          (t_rdzv - t_restart) * 1e3, (t_comm - t_rdzv) * 1e3, (t_fetch - t_comm) * 1e3,
          (unsigned long long)fetched, (t_end - t_fetch) * 1e3, (unsigned long long)rs.calls,
          (unsigned long long)K, skip ? " (the rest of the failed optimizer step skipped)" : "", root,
@@ -611,7 +631,6 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
  * validate the same minibatch, so the replayed collectives meet.  Costs two
  * host copies of device memory, once every N minibatches. */
 
-struct snap { uint64_t addr, size, minibatch; unsigned char *bytes; };
 static struct snap *pre;
 static size_t npre;
 static int64_t validating = -1;
@@ -715,9 +734,11 @@ void remote_validate_begin(uint64_t minibatch)
     struct rcall c;
     int32_t dev = -1;
     uint64_t done = 0;
-    if (simple(JITCKPT_RFN_RST_HEALTH, NULL, 0, &c) != 0 || rc_get(&c, &dev, sizeof dev) != 0 ||
-        rc_get(&c, &done, sizeof done) != 0 || dev != 0)
-        return;                            /* a failure: recovery's business, not validation's */
+    validate_starting = 1;                 /* the synchronisation waits for the minibatch's collectives */
+    int32_t err = simple(JITCKPT_RFN_RST_HEALTH, NULL, 0, &c);
+    validate_starting = 0;
+    if (err != 0 || rc_get(&c, &dev, sizeof dev) != 0 || rc_get(&c, &done, sizeof done) != 0 || dev != 0)
+        return;                            /* a failure (recovered above, or to come): no validation now */
     calllog_drop_until(done);
     if (calllog_first() != minibatch || calllog_noreplay(minibatch))
         return;

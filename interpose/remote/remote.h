@@ -104,6 +104,7 @@ int remote_recovery_enabled(void);
 int remote_recovery_watch_protocol(void);            /* a protocol call's wait watches for a second failure */
 int remote_recovery_check(void);                     /* under the call lock: 1 if a failure needs recovery */
 int32_t remote_recover(struct rcall *c, const char *why, int memory_lost, int pending_logged);
+#define RECOVER_SUSPECT 2            /* memory_lost: the driver is suspect: copy out, new proxy, copy back */
 int remote_recoverable_error(unsigned fn, int32_t ret);
 void remote_mark_minibatch(uint64_t index);          /* calllog.c, at a minibatch end: the proxy's marker */
 void remote_phase_begin(uint64_t index);             /* calllog.c: an optimizer phase begins (validation) */

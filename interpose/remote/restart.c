@@ -606,7 +606,11 @@ static int32_t restart_locked(struct rcall *c)
 static int32_t restart_locked_inner(struct rcall *c)
 {
     for (size_t i = 0; i < n_comms; i++)
-        if (comms[i].nranks != 1) {
+        if (comms[i].nranks != 1 && remote_recovery_enabled()) {
+            /* Other ranks share the communicator: the recovery's re-rendezvous (recover.c) rebuilds
+             * it, with this rank's memory copied out and back around the new proxy. */
+            return remote_recover(c, "the driver is suspect (a proxy restart was asked)", RECOVER_SUSPECT, 0);
+        } else if (comms[i].nranks != 1) {
             rlog("proxy restart refused: a communicator of %d ranks needs the re-rendezvous of the recovery "
                  "milestone", comms[i].nranks);
             return cudaErrorNotSupported;

@@ -41,6 +41,7 @@
 static __typeof__(cudaEventCreateWithFlags) *r_event_create;
 static __typeof__(cudaEventRecord) *r_event_record;
 static __typeof__(cudaEventQuery) *r_event_query;
+static __typeof__(cudaEventSynchronize) *r_event_sync;
 static __typeof__(ncclCommGetAsyncError) *r_comm_async;
 static __typeof__(ncclCommAbort) *r_comm_abort;
 
@@ -58,6 +59,8 @@ static uint64_t now_ns(void)
 
 static cudaEvent_t pool[MAX_COLLS];
 static int npool;
+static cudaEvent_t held_event;       /* the event the main thread is synchronising on: not recycled meanwhile */
+static int held_event_done;          /* poll_colls passed it while held: recycle it after */
 
 static cudaEvent_t event_get(void)
 {
@@ -69,6 +72,10 @@ static cudaEvent_t event_get(void)
 
 static void event_put(cudaEvent_t e)
 {
+    if (e && e == held_event) {
+        held_event_done = 1;
+        return;
+    }
     if (e && npool < MAX_COLLS)
         pool[npool++] = e;            /* else leaked: the pool is full only after an abort storm */
 }
@@ -302,30 +309,48 @@ int watch_handle(int kind, uint64_t vid)
     if (kind != VH_STREAM)
         return 0;
     cur_stream = vid;
-    if (cur_kind != K_WORK)
+    /* Only a worker that recovers needs the hold (a job of one rank has no replica to recover from). */
+    if (cur_kind != K_WORK || !__atomic_load_n(&W->recovery_on, __ATOMIC_RELAXED))
         return 0;
     uint64_t need = need_of_stream(vid);
     if (need == 0 || seq_done >= need)
         return 0;
     pdebug("holding %s back: its stream waits for collective %llu (%llu done)", dispatch_generated[cur_fn].name,
            (unsigned long long)need, (unsigned long long)seq_done);
-    for (unsigned spins = 0;; spins++) {
+    for (;;) {
         /* An abort first: an aborted collective "completes" without its result. */
         if (aborting()) {
             cur_dropped = 1;
             pdebug("dropped a held record (an abort)");
-            if (getenv("JITCKPT_PROXY_DEBUG_DROP")) plog("dropped held record fn %u", cur_fn);
             return -1;
         }
         pthread_mutex_lock(&mu);
         if (seq_done < need)
             poll_colls();
         int ready = seq_done >= need;
+        /* Sleep until the collective this record needs completes (an abort ends it too):
+         * its own event, kept from recycling while this thread waits on it. */
+        cudaEvent_t e = NULL;
+        for (size_t i = coll_tail; !ready && i != coll_head; i++)
+            if (colls[i % MAX_COLLS].seq == need)
+                e = colls[i % MAX_COLLS].ev;
+        held_event = e;
         pthread_mutex_unlock(&mu);
         if (ready && !aborting())
             return 0;
-        struct timespec t = {0, spins < 100 ? 20000L : 200000L};
-        nanosleep(&t, NULL);
+        if (e && r_event_sync) {
+            r_event_sync(e);
+        } else {
+            struct timespec t = {0, 100000L};
+            nanosleep(&t, NULL);
+        }
+        pthread_mutex_lock(&mu);
+        held_event = NULL;
+        if (held_event_done) {
+            held_event_done = 0;
+            event_put(e);
+        }
+        pthread_mutex_unlock(&mu);
     }
 }
 
@@ -497,6 +522,7 @@ int watch_start(struct jitckpt_wire *w)
     r_event_create = (__typeof__(r_event_create))proxy_sym(cudart, "cudaEventCreateWithFlags");
     r_event_record = (__typeof__(r_event_record))proxy_sym(cudart, "cudaEventRecord");
     r_event_query = (__typeof__(r_event_query))proxy_sym(cudart, "cudaEventQuery");
+    r_event_sync = (__typeof__(r_event_sync))proxy_sym(cudart, "cudaEventSynchronize");
     r_comm_async = nccl ? (__typeof__(r_comm_async))proxy_sym(nccl, "ncclCommGetAsyncError") : NULL;
     r_comm_abort = nccl ? (__typeof__(r_comm_abort))proxy_sym(nccl, "ncclCommAbort") : NULL;
     if (!r_event_create || !r_event_record || !r_event_query) {
