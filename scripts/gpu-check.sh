@@ -1,40 +1,79 @@
 #!/usr/bin/env bash
 # The checks only a GPU can answer (README, "What is verified where").  Run it
-# on a machine with an NVIDIA GPU and a CUDA build of PyTorch; elsewhere it
-# says "no GPU" and exits 0, so it is safe anywhere.
+# on a machine with an NVIDIA GPU; elsewhere it says "no GPU" and exits 0, so
+# it is safe anywhere.
 #
-#   bash scripts/gpu-check.sh            # every check that this machine can run
+#   bash scripts/gpu-check.sh                    # every check that this machine can run
+#   bash scripts/gpu-check.sh user               # only the user-level part
+#   bash scripts/gpu-check.sh transparent        # only the transparent part
+#   GPU_CHECK_EMULATOR=1 bash scripts/gpu-check.sh   # the transparent part on the CPU device
+#                                                # emulator, no GPU needed: checks this script itself
 #
-# User-level mode (issue 11): examples/train_mlp.py with --device cuda, the
-# ranks' tensors on the GPU (CUDA streams, the autograd device threads,
-# asynchronous copies); a fault-free plain-torchrun reference, then jit-run
-# with a rank killed (SIGKILL, backward) and a rank frozen (SIGSTOP, in the
-# all-reduce); each must end with the reference's final parameters, bit for
-# bit, having redone one minibatch.
+# User-level mode (issue 11; needs a CUDA build of PyTorch): examples/train_mlp.py
+# with --device cuda, the ranks' tensors on the GPU (CUDA streams, the autograd
+# device threads, asynchronous copies); a fault-free plain-torchrun reference,
+# then jit-run with a rank killed (SIGKILL, backward) and a rank frozen
+# (SIGSTOP, in the all-reduce); each must end with the reference's final
+# parameters, bit for bit, having redone one minibatch.
 #   - gloo over CUDA tensors, 3 ranks sharing the GPU(s);
 #   - NCCL, one GPU per rank, when there are at least 2 GPUs.
+#
+# Transparent mode (issue 12; needs nvcc 13 and the nvidia-nccl-cu13 wheel, not
+# torch): examples/cuda_mlp built against the real CUDA runtime, 1 rank,
+#   - directly (the reference checksum and per-step time);
+#   - through the device proxy (proxy_server/build/jitckpt-proxy) with the real
+#     runtime loaded in the proxy (--cudart: the libcudart.so.13 the binary
+#     resolves, or $CUDA_HOME/lib64; --nccl: the libnccl.so.2 of the wheel),
+#     every CUDA/NCCL call forwarded through the shared-memory ring: same
+#     final checksum, and its per-step time against the direct run's;
+#   - the same with JITCKPT_PROXY_GPU_VMM=1 (device memory through the
+#     driver's VMM API at fixed addresses; needed for a restart on a GPU);
+#   - the same with a driver-suspect proxy restart injected mid-run
+#     (JITCKPT_REMOTE_RESTART_AT=N in the worker's environment): the restart
+#     must happen (its duration is printed) and the run must still end with
+#     the direct run's checksum;
+#   - with 2 or more GPUs: 2 ranks (NCCL), directly and through a proxy per
+#     rank, same checksums.
+# Knobs (environment): GPU_CHECK_MLP_STEPS (default 5000), GPU_CHECK_MLP_BATCH
+# (32), GPU_CHECK_RESTART_AT (1500: the worker's Nth CUDA call, of about
+# 25 per step), GPU_CHECK_TIMING_PAIRS (3: interleaved direct/proxy runs for
+# the per-step times), GPU_CHECK_CUDART / GPU_CHECK_NCCL (the real libraries'
+# paths, if the search does not find them), GPU_CHECK_TIMEOUT (300 s per run).
+#
 # Prints one PASS/FAIL line per check and a summary; exits 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+EMULATOR_MODE=${GPU_CHECK_EMULATOR:-0}
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "gpu-check: no GPU (nvidia-smi finds none): nothing to check here"
+PARTS=("$@")
+[[ ${#PARTS[@]} -eq 0 ]] && PARTS=(user transparent)
+for part in "${PARTS[@]}"; do
+    case $part in
+        user|transparent) ;;
+        *) echo "gpu-check: unknown part '$part' (user, transparent)" >&2; exit 2 ;;
+    esac
+done
+wants() { local p; for p in "${PARTS[@]}"; do [[ $p == "$1" ]] && return 0; done; return 1; }
+
+if [[ $EMULATOR_MODE == 1 ]]; then
+    echo "gpu-check: GPU_CHECK_EMULATOR=1: the transparent part on the CPU device emulator (emulator/build), not on a GPU"
+    if wants user; then
+        echo "gpu-check: the user-level part needs a GPU: skipped"
+    fi
+    PARTS=(transparent)
+elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu-check: no GPU (nvidia-smi finds none): nothing to check here" \
+         "(GPU_CHECK_EMULATOR=1 runs the transparent part's logic on the CPU emulator)"
     exit 0
+else
+    echo "gpu-check: $(nvidia-smi -L | head -8 | tr '\n' ';')"
 fi
-echo "gpu-check: $(nvidia-smi -L | head -8 | tr '\n' ';')"
 echo "gpu-check: $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -n)"
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    echo "gpu-check: FAIL torch here has no CUDA ($("$PY" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)):" \
-         "install a CUDA 13 build of torch and jitckpt (scripts/setup.sh installs the CPU build)"
-    exit 1
-fi
-GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export CUBLAS_WORKSPACE_CONFIG=:4096:8   # deterministic cuBLAS: bit-for-bit comparisons
 WORK=$(mktemp -d /tmp/jitckpt-gpu-check.XXXXXX)
 FAILED=0
-STEPS=(--steps 24 --accum 2 --log-every 1000)
+
+# ---- user-level mode (issue 11) -------------------------------------------------------------
 
 sha_of() { grep -o 'final parameters sha256 [0-9a-f]*' "$1" | tail -1 | awk '{print $4}'; }
 
@@ -63,17 +102,242 @@ check() {  # check NAME NPROC FAULT TRAIN_ARGS...
     fi
 }
 
-echo "== user-level mode, gloo over CUDA tensors, 3 ranks on $GPUS GPU(s)"
-check gloo-cuda-kill 3 "rank=1,step=5,phase=backward,kind=kill" --device cuda --backend gloo
-check gloo-cuda-hang 3 "rank=2,step=7,phase=allreduce,kind=hang" --device cuda --backend gloo
-if [[ $GPUS -ge 2 ]]; then
-    N=$(( GPUS < 4 ? GPUS : 4 ))
-    echo "== user-level mode, NCCL, $N ranks, one GPU each"
-    check nccl-kill "$N" "rank=1,step=5,phase=backward,kind=kill" --device cuda --backend nccl
-    check nccl-hang "$N" "rank=$((N - 1)),step=7,phase=allreduce,kind=hang" --device cuda --backend nccl
-else
-    echo "== NCCL: skipped (needs 2 or more GPUs, one per rank; this machine has $GPUS)"
-fi
+user_level_part() {
+    if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+        echo "FAIL user-level: torch here has no CUDA ($("$PY" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)):" \
+             "install a CUDA 13 build of torch and jitckpt (scripts/setup.sh installs the CPU build)"
+        FAILED=1
+        return
+    fi
+    GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    export CUBLAS_WORKSPACE_CONFIG=:4096:8   # deterministic cuBLAS: bit-for-bit comparisons
+    STEPS=(--steps 24 --accum 2 --log-every 1000)
+
+    echo "== user-level mode, gloo over CUDA tensors, 3 ranks on $GPUS GPU(s)"
+    check gloo-cuda-kill 3 "rank=1,step=5,phase=backward,kind=kill" --device cuda --backend gloo
+    check gloo-cuda-hang 3 "rank=2,step=7,phase=allreduce,kind=hang" --device cuda --backend gloo
+    if [[ $GPUS -ge 2 ]]; then
+        N=$(( GPUS < 4 ? GPUS : 4 ))
+        echo "== user-level mode, NCCL, $N ranks, one GPU each"
+        check nccl-kill "$N" "rank=1,step=5,phase=backward,kind=kill" --device cuda --backend nccl
+        check nccl-hang "$N" "rank=$((N - 1)),step=7,phase=allreduce,kind=hang" --device cuda --backend nccl
+    else
+        echo "== NCCL: skipped (needs 2 or more GPUs, one per rank; this machine has $GPUS)"
+    fi
+}
+
+# ---- transparent mode (issue 12) ------------------------------------------------------------
+
+MLP=examples/cuda_mlp/build/mlp
+PROXY=proxy_server/build/jitckpt-proxy
+T_STEPS=${GPU_CHECK_MLP_STEPS:-5000}
+T_BATCH=${GPU_CHECK_MLP_BATCH:-32}
+T_RESTART_AT=${GPU_CHECK_RESTART_AT:-1500}
+T_PAIRS=${GPU_CHECK_TIMING_PAIRS:-3}
+T_TIMEOUT=${GPU_CHECK_TIMEOUT:-300}
+
+checksum_of() { grep -o 'final parameters checksum [0-9a-f]*' "$1" | tail -1 | awk '{print $4}'; }
+# "mlp: 3000 steps in 0.62 s, ..." -> milliseconds per step (mlp times its training loop, start-up
+# excluded, and prints seconds with 2 decimals: +-10 ms over the run, hence GPU_CHECK_MLP_STEPS)
+ms_per_step_of() {
+    grep -o 'mlp: [0-9]* steps in [0-9.]* s' "$1" | tail -1 | awk '{ if ($2 > 0) printf "%.3g", 1000 * $5 / $2 }'
+}
+# The real library named NAME: what the binary resolves (ldd), if that is not the emulator's.
+resolved_by_binary() {
+    ldd "$MLP" 2>/dev/null | awk -v n="$1" '$1 == n && $3 ~ /^\// {print $3}' | grep -v '/emulator/' | head -1
+}
+
+find_real_libraries() {  # sets T_CUDART, T_NCCL (real libraries, absolute paths) or says why not
+    T_CUDART=${GPU_CHECK_CUDART:-$(resolved_by_binary libcudart.so.13)}
+    if [[ -z $T_CUDART ]]; then
+        local d
+        for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+            if [[ -e $d/libcudart.so.13 ]]; then T_CUDART=$d/libcudart.so.13; break; fi
+        done
+    fi
+    T_NCCL=${GPU_CHECK_NCCL:-$(resolved_by_binary libnccl.so.2)}
+    if [[ -z $T_NCCL ]]; then
+        T_NCCL=$("$PY" -c "import nvidia.nccl as m, os; print(os.path.join(list(m.__path__)[0], 'lib', 'libnccl.so.2'))" \
+                 2>/dev/null)
+    fi
+    [[ -n $T_CUDART && -e $T_CUDART ]] && T_CUDART=$(readlink -f "$T_CUDART") || T_CUDART=
+    [[ -n $T_NCCL && -e $T_NCCL ]] && T_NCCL=$(readlink -f "$T_NCCL") || T_NCCL=
+}
+
+# t_run LOG VAR=VALUE... -- COMMAND...: one run of COMMAND in the transparent part's environment.
+t_run() {
+    local log=$1; shift
+    local vars=()
+    while [[ $1 != -- ]]; do vars+=("$1"); shift; done
+    shift
+    env -u LD_PRELOAD -u JITCKPT_PROXY_SOCKET -u JITCKPT_PROXY_CUDART -u JITCKPT_PROXY_NCCL \
+        -u JITCKPT_PROXY_PRELOAD -u JITCKPT_PROXY_GPU_VMM -u JITCKPT_REMOTE_RESTART_AT -u JITCKPT_REMOTE_SYNC \
+        -u JITCKPT_PROXY_NO_SUPERVISOR "${T_ENV[@]}" "${vars[@]}" \
+        timeout -k 10 "$T_TIMEOUT" "$@" >"$log" 2>&1
+}
+
+t_direct() { t_run "$1" -- "$MLP" "${T_ARGS[@]}"; }
+t_proxy() {  # t_proxy LOG VAR=VALUE...
+    local log=$1; shift
+    t_run "$log" "$@" -- "$PROXY" --socket "$WORK/proxy-$(basename "$log" .log).sock" \
+        --cudart "$T_CUDART" --nccl "$T_NCCL" -- "$MLP" "${T_ARGS[@]}"
+}
+
+t_fail() {  # t_fail NAME MESSAGE LOG
+    echo "FAIL $1: $2 (log: $3)"
+    tail -15 "$3" | sed 's/^/    /'
+    FAILED=1
+}
+
+# The proxy's lines about device memory placement (the VMM path, fixed addresses), if any.
+t_memory_lines() { grep -E 'VMM|fixed addresses|address range' "$1" | sort -u | head -3 | sed 's/^/    /'; }
+
+transparent_part() {
+    echo "== transparent mode: examples/cuda_mlp, 1 rank, directly and through the device proxy"
+    if ! make -C proxy_server -j2 >"$WORK/t-build.log" 2>&1 || ! make -C examples/cuda_mlp >>"$WORK/t-build.log" 2>&1; then
+        t_fail transparent-build "make -C proxy_server / make -C examples/cuda_mlp failed" "$WORK/t-build.log"
+        return
+    fi
+    if [[ $EMULATOR_MODE != 1 && ${LD_LIBRARY_PATH:-} == */emulator/* ]]; then
+        LD_LIBRARY_PATH=$(printf '%s' "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v '/emulator/' | paste -sd: -)
+        echo "   (the CPU emulator removed from LD_LIBRARY_PATH: this part runs the real runtime)"
+    fi
+    find_real_libraries
+    T_ENV=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0)
+    if [[ $EMULATOR_MODE == 1 ]]; then
+        echo "   (emulator mode; the real libraries found here, not used: libcudart ${T_CUDART:-none}, NCCL ${T_NCCL:-none})"
+        T_CUDART=$PWD/emulator/build/libcudart.so.13
+        T_NCCL=$PWD/emulator/build/libnccl.so.2
+        T_ENV+=("LD_LIBRARY_PATH=$PWD/emulator/build" "JITCKPT_SIMDEV_KERNELS=$PWD/examples/cuda_mlp/build/libmlp_twins.so")
+    else
+        if [[ -z $T_CUDART || -z $T_NCCL ]]; then
+            echo "FAIL transparent: the real libraries were not found (libcudart.so.13: ${T_CUDART:-not found}," \
+                 "libnccl.so.2: ${T_NCCL:-not found}); set GPU_CHECK_CUDART / GPU_CHECK_NCCL"
+            FAILED=1
+            return
+        fi
+        # The binary needs libcudart.so.13 on its search path; the proxy gets the same file by --cudart.
+        if ! ldd "$MLP" | grep -q 'libcudart.so.13 => /'; then
+            T_ENV+=("LD_LIBRARY_PATH=$(dirname "$T_CUDART")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+        fi
+    fi
+    echo "   proxy runtime: --cudart $T_CUDART --nccl $T_NCCL"
+    T_ARGS=(--steps "$T_STEPS" --batch "$T_BATCH" --log-every 0)
+    echo "   mlp ${T_ARGS[*]}; $T_PAIRS interleaved direct/proxy pairs for the per-step times"
+
+    # Direct and proxy runs, interleaved; every one must end with the first direct run's checksum.
+    local i ref="" d_times=() p_times=() bad=0 sum t
+    for (( i = 1; i <= T_PAIRS; i++ )); do
+        t_direct "$WORK/t-direct-$i.log"
+        local code=$?
+        sum=$(checksum_of "$WORK/t-direct-$i.log")
+        t=$(ms_per_step_of "$WORK/t-direct-$i.log")
+        if [[ $code -ne 0 || -z $sum || -z $t ]]; then
+            t_fail transparent-direct "mlp directly: exit $code" "$WORK/t-direct-$i.log"
+            return
+        fi
+        [[ -z $ref ]] && ref=$sum
+        if [[ $sum != "$ref" ]]; then
+            t_fail transparent-direct "two direct runs differ: $ref, then $sum" "$WORK/t-direct-$i.log"
+            return
+        fi
+        d_times+=("$t")
+
+        t_proxy "$WORK/t-proxy-$i.log"
+        code=$?
+        sum=$(checksum_of "$WORK/t-proxy-$i.log")
+        t=$(ms_per_step_of "$WORK/t-proxy-$i.log")
+        if [[ $code -ne 0 || $sum != "$ref" || -z $t ]]; then
+            t_fail transparent-proxy "through the proxy: exit $code, checksum ${sum:-none}, direct $ref" \
+                "$WORK/t-proxy-$i.log"
+            bad=1
+            break
+        fi
+        p_times+=("$t")
+    done
+    if [[ $bad -eq 0 ]]; then
+        local dm pm
+        dm=$(printf '%s\n' "${d_times[@]}" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
+        pm=$(printf '%s\n' "${p_times[@]}" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
+        echo "PASS transparent-proxy: checksum $ref through the proxy, as directly ($T_PAIRS runs each)"
+        echo "   per-step time (ms), median of $T_PAIRS: direct $dm, through the proxy $pm" \
+             "(ratio $(awk -v a="$dm" -v b="$pm" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "?" }'));" \
+             "each run: direct ${d_times[*]}; proxy ${p_times[*]}"
+        t_memory_lines "$WORK/t-proxy-1.log"
+    fi
+    [[ -z $ref ]] && return
+
+    # Device memory through the driver's VMM API (fixed addresses), no restart.
+    local log=$WORK/t-proxy-vmm.log
+    t_proxy "$log" JITCKPT_PROXY_GPU_VMM=1
+    local code=$?
+    sum=$(checksum_of "$log")
+    if [[ $code -eq 0 && $sum == "$ref" ]]; then
+        echo "PASS transparent-proxy-vmm: checksum $sum with JITCKPT_PROXY_GPU_VMM=1 ($(ms_per_step_of "$log") ms/step)"
+        t_memory_lines "$log"
+    else
+        t_fail transparent-proxy-vmm "JITCKPT_PROXY_GPU_VMM=1: exit $code, checksum ${sum:-none}, direct $ref" "$log"
+    fi
+
+    # A driver-suspect restart of the proxy mid-run.
+    log=$WORK/t-proxy-restart.log
+    t_proxy "$log" JITCKPT_PROXY_GPU_VMM=1 "JITCKPT_REMOTE_RESTART_AT=$T_RESTART_AT"
+    code=$?
+    sum=$(checksum_of "$log")
+    local restarted ms
+    restarted=$(grep -o 'device proxy restarted (driver suspect).*' "$log" | head -1)
+    ms=$(sed -n 's/.*device proxy restarted (driver suspect).*(\([0-9.]*\) ms)$/\1/p' "$log" | head -1)
+    if [[ $code -eq 0 && -n $restarted && $sum == "$ref" ]]; then
+        echo "PASS transparent-restart: proxy restarted before CUDA call $T_RESTART_AT in ${ms:-?} ms," \
+             "checksum $sum as directly ($(ms_per_step_of "$log") ms/step over the run, restart included)"
+        echo "   ${restarted}"
+    elif [[ -z $restarted ]]; then
+        t_fail transparent-restart "no restart happened (exit $code, checksum ${sum:-none}; refused, or the run has fewer than $T_RESTART_AT CUDA calls)" "$log"
+        grep -E 'refused|VMM|fixed addresses' "$log" | head -5 | sed 's/^/    /'
+    else
+        t_fail transparent-restart "restarted in ${ms:-?} ms, then: exit $code, checksum ${sum:-none}, direct $ref" "$log"
+    fi
+
+    # Two ranks, one GPU each, NCCL through the proxies (a proxy per rank), against the same directly.
+    local gpus
+    if [[ $EMULATOR_MODE == 1 ]]; then gpus=2; else gpus=$(nvidia-smi -L | grep -c '^GPU'); fi
+    if [[ $gpus -lt 2 ]]; then
+        echo "== transparent mode, 2 ranks: skipped (needs 2 GPUs, one per rank; this machine has $gpus)"
+        return
+    fi
+    echo "== transparent mode: examples/cuda_mlp, 2 ranks (NCCL), directly and through a proxy per rank"
+    local variant rank pids want="" got
+    for variant in direct proxy; do
+        mkdir -p "$WORK/t2-$variant-rv"
+        pids=()
+        for rank in 0 1; do
+            local cmd=("$MLP" "${T_ARGS[@]}" --rendezvous-dir "$WORK/t2-$variant-rv")
+            [[ $variant == proxy ]] && cmd=("$PROXY" --socket "$WORK/t2-proxy-$rank.sock" --cudart "$T_CUDART" \
+                                            --nccl "$T_NCCL" -- "${cmd[@]}")
+            t_run "$WORK/t2-$variant-$rank.log" RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank -- "${cmd[@]}" &
+            pids+=($!)
+        done
+        code=0
+        for pid in "${pids[@]}"; do wait "$pid" || code=$?; done
+        got="$(checksum_of "$WORK/t2-$variant-0.log") $(checksum_of "$WORK/t2-$variant-1.log")"
+        if [[ $code -ne 0 || $got != [0-9a-f]*" "[0-9a-f]* || ${got% *} != "${got#* }" ]]; then
+            t_fail "transparent-2ranks-$variant" "exit $code, checksums of ranks 0 and 1: ${got:-none}" \
+                "$WORK/t2-$variant-0.log"
+            return
+        fi
+        [[ $variant == direct ]] && want=$got
+    done
+    if [[ $got == "$want" ]]; then
+        echo "PASS transparent-2ranks: both ranks ${got% *} through the proxies, as directly" \
+             "(ms/step: direct $(ms_per_step_of "$WORK/t2-direct-0.log"), proxies $(ms_per_step_of "$WORK/t2-proxy-0.log"))"
+    else
+        t_fail transparent-2ranks "through the proxies ${got}, directly ${want}" "$WORK/t2-proxy-0.log"
+    fi
+}
+
+wants user && user_level_part
+wants transparent && transparent_part
 
 if [[ $FAILED -ne 0 ]]; then
     echo "gpu-check: some checks FAILED (work files in $WORK)"
