@@ -15,3 +15,19 @@ def test_gpu_check_says_no_gpu_and_succeeds_without_one():
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no GPU" in proc.stdout
+
+
+def test_gpu_check_transparent_part_runs_on_the_emulator(tmp_path):
+    """GPU_CHECK_EMULATOR=1: the transparent part's logic (build, direct vs proxy, checksums, the restart time)
+    on the CPU device emulator, so the script cannot go stale while no GPU machine runs it."""
+    import os
+
+    env = dict(os.environ, GPU_CHECK_EMULATOR="1", GPU_CHECK_MLP_STEPS="300", GPU_CHECK_RESTART_AT="400",
+               GPU_CHECK_TIMING_PAIRS="1", TMPDIR=str(tmp_path))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), "transparent"], capture_output=True,
+                          text=True, timeout=600, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "FAIL" not in out, out[-4000:]
+    assert out.count("PASS") >= 2, out[-4000:]
+    assert "restart" in out
