@@ -230,13 +230,11 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
             f"ends the process that long after a collective timeout or NCCL error, which can beat the JIT save "
             f"(hang timeout + save grace = {save_by:g}s); unset, jit-run sets {int(save_by) + 61}")
     if args.emulated_gpus is not None:
-        if args.emulated_gpus < 1:
-            raise UsageError("--emulated-gpus must be at least 1")
         from jitckpt.native import emulator
 
         try:
             env = emulator.job_environment(env, args.emulated_gpus)
-        except native.NativeMissing as exc:
+        except (ValueError, native.NativeMissing) as exc:
             raise UsageError(str(exc)) from None
     if args.interpose == "on" or (args.interpose == "auto" and (args.emulated_gpus or Path("/dev/nvidiactl").exists())):
         from jitckpt.doctor import runtime_abi

@@ -337,13 +337,11 @@ def prepare(args: Any, given: Sequence[str] = ()) -> Launch:
             raise Refused(f"{option} {value}: no such file")
     env = dict(os.environ)
     if args.emulated_gpus is not None:
-        if args.emulated_gpus < 1:
-            raise Refused("--emulated-gpus must be at least 1")
         from jitckpt.native import emulator
 
         try:
             env = emulator.job_environment(env, args.emulated_gpus)
-        except native.NativeMissing as exc:
+        except (ValueError, native.NativeMissing) as exc:
             raise Refused(str(exc)) from None
     proxy, remote = native_parts()  # (without them the coverage list is missing too: say the cause)
     job = parse_command(list(args.command))

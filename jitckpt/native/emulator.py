@@ -25,7 +25,12 @@ def library_dir() -> Path:
 
 
 def job_environment(env: dict[str, str], devices: int) -> dict[str, str]:
-    """``env`` changed so that CUDA programs in the job run on ``devices`` emulated GPUs per node."""
+    """``env`` changed so that CUDA programs in the job run on ``devices`` emulated GPUs per node.
+
+    Raises ValueError for fewer than one device and NativeMissing when the emulator is not built
+    (both carry the message for the user: ``jit-run --emulated-gpus``, in either mode)."""
+    if devices < 1:
+        raise ValueError("--emulated-gpus must be at least 1")
     build = library_dir()
     env = dict(env)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(build), env.get("LD_LIBRARY_PATH", "")) if p)
