@@ -6,8 +6,9 @@
  * the proxy checked the peer's credentials (SO_PEERCRED).  The segment holds
  * a header, the request ring, and the bulk-data arena that carries host
  * bytes (H2D sources, D2H destinations, fatbinary images).  The socket stays
- * open for liveness only: end-of-file on either side means the other process
- * is gone.
+ * open for liveness (end-of-file on either side means the other process is
+ * gone) and, from the worker to the proxy, for the file descriptors of pinned
+ * host memory (struct jitckpt_wire_pinned_fd, JITCKPT_RFN_HOST_REGISTER).
  *
  * Every call is a record appended to the request ring (single producer: the
  * worker, under its one call lock; single consumer: the proxy's one thread),
@@ -24,7 +25,8 @@
  * marshalled in parameter order as tools/gen_interpose.py describes them:
  * by-value parameters as their bytes, handles as 64-bit virtual ids, strings
  * as a 32-bit length and bytes, host buffers as a 64-bit size and a 64-bit
- * arena offset.  A response is the function's result and its outputs in
+ * arena offset (size 0: the pointer crosses unchanged; JITCKPT_WIRE_PINNED
+ * below).  A response is the function's result and its outputs in
  * parameter order.  See proxy_server/README.md for the whole design. */
 #ifndef JITCKPT_REMOTE_WIRE_H
 #define JITCKPT_REMOTE_WIRE_H
@@ -32,7 +34,7 @@
 #include <stdint.h>
 
 #define JITCKPT_WIRE_MAGIC 0x4a4b5057u       /* "WPKJ" */
-#define JITCKPT_WIRE_VERSION 3u
+#define JITCKPT_WIRE_VERSION 4u
 #define JITCKPT_WIRE_REQ_MAX (64u * 1024u)
 #define JITCKPT_WIRE_REP_MAX (64u * 1024u)
 #define JITCKPT_WIRE_DEFAULT_ARENA (64ull << 20)
@@ -131,6 +133,34 @@ struct jitckpt_wire {
 /* Hand-written calls that are not functions of the API. */
 #define JITCKPT_RFN_PARAM_SIZES 0xfff0u       /* a kernel's parameter sizes, for a launch */
 #define JITCKPT_RFN_MARK 0xfff1u              /* u64 index: minibatch marker on every stream (asynchronous) */
+#define JITCKPT_RFN_HOST_REGISTER 0xfff2u     /* u64 seq, u64 addr, u64 size, u32 flags: map and register the
+                                                 pinned region whose descriptor the socket carries (seq) */
+#define JITCKPT_RFN_HOST_UNREGISTER 0xfff3u   /* u64 addr: synchronise, unregister and unmap a pinned region */
+
+/* Pinned host memory shared with the proxy (interpose/remote/pinned.c,
+ * proxy_server/src/pinned.c): cudaHostAlloc's pages are a memfd, mapped at
+ * the same address in both processes.  Before each JITCKPT_RFN_HOST_REGISTER
+ * record the worker sends this message on the socket, with the memfd as
+ * SCM_RIGHTS; the proxy takes it when it executes the record (same seq). */
+struct jitckpt_wire_pinned_fd {
+    uint32_t magic;              /* JITCKPT_WIRE_PINNED_MAGIC */
+    uint32_t reserved;
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t size;
+};
+#define JITCKPT_WIRE_PINNED_MAGIC 0x4e49504au     /* "JPIN" */
+/* A host buffer inside a region the proxy has mapped crosses as its pointer:
+ * size 0, and this tag as its arena offset; the proxy checks that the
+ * pointer lies in one of its pinned regions.  | JITCKPT_WIRE_PINNED_COMPLETE:
+ * a copy into it completes before the call answers (as for an arena buffer). */
+#define JITCKPT_WIRE_PINNED 0x6a6b70696e000000ull
+#define JITCKPT_WIRE_PINNED_COMPLETE 1ull
+/* Where the worker places pinned regions (first fit; a region that does not
+ * fit, or whose address is taken, goes wherever mmap puts it): a range no
+ * process normally uses, so that the proxy usually finds it free too. */
+#define JITCKPT_WIRE_PINNED_BASE (64ull << 40)
+#define JITCKPT_WIRE_PINNED_SIZE (1ull << 40)
 
 /* A synchronous call's result meaning "recover first, then make this call
  * again" (an asynchronous NCCL error the program would otherwise see), and

@@ -6,7 +6,11 @@
  * restart.c starts with remote_begin_locked()), is copied here: a header,
  * the request bytes exactly as in the ring, and the call's host input bytes
  * (read back from the arena, where marshal.c put them; only the worker writes
- * the arena, under the call lock, so they are still there).  The program's
+ * the arena, under the call lock, so they are still there; an input in pinned
+ * memory shared with the proxy is read from the program's buffer, at the
+ * call, which is what the device reads if the program keeps CUDA's rules).
+ * Neither cudaHostAlloc nor cudaFreeHost is logged: they change no device
+ * state (pinned.c).  The program's
  * jitckpt_phase_optimizer_end() clears the log (a new minibatch begins);
  * jitckpt_phase_optimizer_begin() notes where the optimizer phase starts.
  *
@@ -27,12 +31,14 @@
 
 /* One logged call: this header, the request, nbuf buffer descriptors (the
  * position of each host buffer's size and arena offset in the request, out
- * flag, length), then the input buffers' bytes. */
+ * flag, direct flag, length), then the input buffers' bytes.  A direct buffer
+ * (in pinned memory shared with the proxy) is size 0 in the request: its
+ * length is here, and a replay puts it in the arena (recover.c). */
 struct lrec {
     uint32_t fn, flags, req_len, nbuf;
     uint64_t input_len;
 };
-struct lbuf { uint32_t pos, out; uint64_t len; };
+struct lbuf { uint32_t pos; uint16_t out, direct; uint64_t len; };
 
 #define REC_SIZE(r) ((sizeof(struct lrec) + (r).req_len + (r).nbuf * sizeof(struct lbuf) + (r).input_len + 7) & \
                      ~(size_t)7)
@@ -159,7 +165,7 @@ void remote_log_call(struct rcall *c, uint32_t flags)
     memcpy(at + sizeof r, c->w->req, c->req);
     at += sizeof r + c->req;
     for (int i = 0; i < c->nbuf; i++) {
-        struct lbuf b = {c->buf_pos[i], c->buf_out[i], c->buf_len[i]};
+        struct lbuf b = {c->buf_pos[i], (uint16_t)c->buf_out[i], (uint16_t)c->buf_direct[i], c->buf_len[i]};
         memcpy(at, &b, sizeof b);
         at += sizeof b;
     }
@@ -271,18 +277,20 @@ int32_t calllog_each(uint64_t from, int skip_last, int32_t (*fn)(const struct lo
             if (n++ >= total - (uint64_t)skip_last)
                 return 0;
             const unsigned char *p = buf + at + sizeof r;
-            struct log_rec lr = {r.fn, r.flags, r.req_len, r.nbuf, p, NULL, NULL, NULL, NULL};
+            struct log_rec lr = {r.fn, r.flags, r.req_len, r.nbuf, p, NULL, NULL, NULL, NULL, NULL};
             static __thread struct lbuf b[4];
-            static __thread uint32_t pos[4], out[4];
+            static __thread uint32_t pos[4], out[4], direct[4];
             static __thread uint64_t blen[4];
             memcpy(b, p + r.req_len, r.nbuf * sizeof(struct lbuf));
             for (uint32_t j = 0; j < r.nbuf && j < 4; j++) {
                 pos[j] = b[j].pos;
                 out[j] = b[j].out;
+                direct[j] = b[j].direct;
                 blen[j] = b[j].len;
             }
             lr.buf_pos = pos;
             lr.buf_out = out;
+            lr.buf_direct = direct;
             lr.buf_len = blen;
             lr.input = p + r.req_len + r.nbuf * sizeof(struct lbuf);
             int32_t err = fn(&lr, arg);

@@ -3,7 +3,8 @@
  * At the first CUDA call the library connects to the Unix socket named by
  * JITCKPT_PROXY_SOCKET, receives the hello and the segment's file
  * descriptor (SCM_RIGHTS), maps the segment, and keeps the socket to learn
- * that the proxy is gone (end-of-file).
+ * that the proxy is gone (end-of-file) and to hand pinned memory's
+ * descriptors to the proxy (remote_send_fd, pinned.c).
  *
  * A call is marshalled into the staging area (marshal.c), then appended to
  * the request ring as one record.  An asynchronous call (remote_fn_async,
@@ -335,8 +336,40 @@ int remote_begin(struct rcall *c, unsigned fn)
         remote_recover(c, NULL, 0, 0);           /* before this call: it is not in the log yet */
         remote_begin_locked(c, fn);
     }
+    c->program = 1;
     c->log = 1;                                 /* the program's call: into the call log (calllog.c) */
     return 0;
+}
+
+int remote_begin_quiet(struct rcall *c, unsigned fn)
+{
+    pthread_mutex_lock(&call_lock);
+    lock_held = 1;
+    if (wire == NULL && !dead)
+        connect_proxy();
+    if (dead || wire == NULL || remote_proxy_lost)
+        return 1;                               /* a lost proxy: the recovery's new one gets everything */
+    remote_begin_locked(c, fn);
+    c->program = 1;
+    return 0;
+}
+
+/* One message with a file descriptor on the socket (pinned.c), before the record that uses it. */
+int remote_send_fd(int fd, const void *msg, size_t n)
+{
+    char control[CMSG_SPACE(sizeof(int))];
+    memset(control, 0, sizeof control);
+    struct iovec iov = {(void *)msg, n};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    ssize_t r;
+    while ((r = sendmsg(sock, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    return r == (ssize_t)n ? 0 : -1;
 }
 
 /* Drops the connection and the segment, and connects to the proxy now
@@ -407,8 +440,8 @@ static int32_t recover_and_retry(struct rcall *c, uint32_t flags, const char *wh
     if (!req)
         return c->ret;
     memcpy(req, c->w->req, req_len);
-    for (int i = 0; i < c->nbuf; i++)
-        if (!c->buf_out[i] && c->buf_ptr[i] && (ins[i] = malloc(c->buf_len[i])) != NULL)
+    for (int i = 0; i < c->nbuf; i++)         /* (a direct input is the program's own buffer: it stays) */
+        if (!c->buf_out[i] && !c->buf_direct[i] && c->buf_ptr[i] && (ins[i] = malloc(c->buf_len[i])) != NULL)
             memcpy(ins[i], c->buf_ptr[i], c->buf_len[i]);
     int32_t ret = remote_recover(c, why, memory_lost, logged);
     if (ret == 0) {
@@ -418,25 +451,32 @@ static int32_t recover_and_retry(struct rcall *c, uint32_t flags, const char *wh
         r.req = req_len;
         void *outs[4] = {NULL, NULL, NULL, NULL};
         for (int i = 0; i < c->nbuf; i++) {
-            uint64_t off = 0;
-            void *p = c->buf_len[i] ? remote_arena_alloc(&r, c->buf_len[i], &off) : NULL;
-            if (c->buf_len[i] && !p) {
+            /* A direct buffer stays direct if the proxy (a new one, perhaps) has its
+             * region mapped; otherwise it goes through the arena like the others. */
+            int direct = c->buf_direct[i] && remote_pinned_shared(c->buf_ptr[i], c->buf_len[i]);
+            uint64_t off = 0, size = c->buf_len[i];
+            void *p = !direct && size ? remote_arena_alloc(&r, size, &off) : NULL;
+            if (!direct && size && !p) {
                 ret = cudaErrorNotSupported;
                 break;
             }
-            if (p && ins[i]) {
-                memcpy(p, ins[i], c->buf_len[i]);
-                if (r.log_nin < 4) {
-                    r.log_in[r.log_nin] = p;
-                    r.log_in_len[r.log_nin++] = c->buf_len[i];
-                }
+            const void *in = c->buf_out[i] ? NULL : c->buf_direct[i] ? c->buf_ptr[i] : ins[i];
+            if (p && in)
+                memcpy(p, in, size);
+            if (in && size && r.log_nin < 4) {
+                r.log_in[r.log_nin] = p ? p : in;
+                r.log_in_len[r.log_nin++] = size;
             }
             r.buf_pos[i] = c->buf_pos[i];
             r.buf_out[i] = c->buf_out[i];
-            r.buf_len[i] = c->buf_len[i];
-            r.buf_ptr[i] = p;
+            r.buf_direct[i] = (uint32_t)direct;
+            r.buf_len[i] = size;
+            r.buf_ptr[i] = direct ? c->buf_ptr[i] : p;
             r.nbuf = i + 1;
-            memcpy(r.w->req + c->buf_pos[i] + 8, &off, sizeof off);
+            if (!direct) {                      /* (direct: the request is unchanged) */
+                memcpy(r.w->req + c->buf_pos[i], &size, sizeof size);
+                memcpy(r.w->req + c->buf_pos[i] + 8, &off, sizeof off);
+            }
             outs[i] = c->buf_out[i] ? p : NULL;
         }
         uint64_t end = ret == 0 ? append(&r, flags) : 0;
@@ -448,8 +488,8 @@ static int32_t recover_and_retry(struct rcall *c, uint32_t flags, const char *wh
             ret = wire->ret;
             /* The stub reads outputs from its own arena pointers (of the old segment,
              * kept mapped after a proxy restart) and the response from c->w. */
-            for (int i = 0; i < c->nbuf; i++)
-                if (outs[i] && c->buf_ptr[i] && outs[i] != c->buf_ptr[i])
+            for (int i = 0; i < c->nbuf; i++)      /* (a direct one's: the program's buffer, on success) */
+                if (outs[i] && c->buf_ptr[i] && outs[i] != c->buf_ptr[i] && (!c->buf_direct[i] || ret == 0))
                     memmove(c->buf_ptr[i], outs[i], c->buf_len[i]);
             c->w = wire;
             c->rep = 0;
@@ -490,7 +530,7 @@ int32_t remote_call(struct rcall *c)
         return recover_and_retry(c, JITCKPT_REC_SYNC, NULL, 0, c->log);
     if (async)
         return c->ret = 0;                      /* cudaSuccess, ncclSuccess: its error comes later */
-    recovery_watch = (c->log || remote_recovery_watch_protocol()) && remote_recovery_enabled();
+    recovery_watch = (c->program || remote_recovery_watch_protocol()) && remote_recovery_enabled();
     int w = wait_tail(end, 1);
     recovery_watch = 0;
     if (w == 2)
@@ -502,11 +542,11 @@ int32_t remote_call(struct rcall *c)
     }
     c->rep = 0;
     c->ret = wire->ret;
-    if (c->log && remote_recovery_enabled()) {
+    if (c->program && remote_recovery_enabled()) {      /* (logged, unless remote_begin_quiet's) */
         if (c->ret == JITCKPT_RET_RECOVER || c->ret == JITCKPT_RET_DROPPED)
-            return recover_and_retry(c, JITCKPT_REC_SYNC, NULL, 0, 1);
+            return recover_and_retry(c, JITCKPT_REC_SYNC, NULL, 0, c->log);
         if (remote_recoverable_error(fn, c->ret))
-            return recover_and_retry(c, JITCKPT_REC_SYNC, "a sticky device error", 1, 1);
+            return recover_and_retry(c, JITCKPT_REC_SYNC, "a sticky device error", 1, c->log);
     }
     if (c->ret == JITCKPT_RET_RECOVER || c->ret == JITCKPT_RET_DROPPED)
         c->ret = cudaErrorUnknown;
@@ -583,6 +623,7 @@ static void fork_parent(void)
 
 static void fork_child(void)
 {
+    remote_pinned_forked();                     /* pinned memory: the child's own copy (pinned.c) */
     if (wire != NULL) {
         munmap(wire, segment_size);
         wire = NULL;

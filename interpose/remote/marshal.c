@@ -1,6 +1,7 @@
 /* marshal.c -- the worker's half of the wire format (jitckpt_remote_wire.h):
- * arguments into the request, host buffers into the arena, results out of
- * the response.  The proxy's half is proxy_server/src/rdisp.c. */
+ * arguments into the request, host buffers into the arena (or, inside pinned
+ * memory shared with the proxy, as their own pointers), results out of the
+ * response.  The proxy's half is proxy_server/src/rdisp.c. */
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,48 +38,89 @@ void rc_put_string(struct rcall *c, const char *s)
         rc_put(c, s, n);
 }
 
-/* Reserves n bytes of the arena (client.c: a ring, 8-byte aligned); writes size and offset. */
-static void *reserve(struct rcall *c, size_t n, int out)
+/* Reserves n bytes of the arena (client.c: a ring, 8-byte aligned); writes size and offset.
+ * A buffer `host` that lies in a pinned region the proxy has mapped (pinned.c)
+ * takes no arena: it crosses as its pointer, which the caller sent before
+ * (size 0, offset JITCKPT_WIRE_PINNED); *direct says so. */
+static void *reserve(struct rcall *c, const void *host, size_t n, int out, int *direct)
 {
     uint64_t size = n, off = 0;
     void *p = NULL;
-    if (n && (p = remote_arena_alloc(c, n, &off)) == NULL) {
+    *direct = host && n && remote_pinned_shared(host, n);
+    if (*direct) {
+        size = 0;
+        off = JITCKPT_WIRE_PINNED;
+        /* A copy into pinned memory is asynchronous, unless a replay would have
+         * to know whether the program already saw its bytes (recovery on: the
+         * replay never writes the program's buffer, README "Pinned host memory"),
+         * or every call waits (JITCKPT_REMOTE_SYNC=1). */
+        if (out && (remote_sync_all || remote_recovery_enabled()))
+            off |= JITCKPT_WIRE_PINNED_COMPLETE;
+    } else if (n && (p = remote_arena_alloc(c, n, &off)) == NULL) {
         c->overflow = 1;
         size = 0;
     }
     if (c->nbuf < 4 && c->req + 16 <= JITCKPT_WIRE_REQ_MAX) {   /* for replay and retries (recover.c) */
         c->buf_pos[c->nbuf] = (uint32_t)c->req;
         c->buf_out[c->nbuf] = (uint32_t)out;
-        c->buf_len[c->nbuf] = size;
-        c->buf_ptr[c->nbuf++] = p;
+        c->buf_direct[c->nbuf] = (uint32_t)*direct;
+        c->buf_len[c->nbuf] = *direct ? n : size;
+        c->buf_ptr[c->nbuf++] = *direct ? (void *)host : p;
     } else {
         c->log_in_over = 1;
     }
     rc_put(c, &size, sizeof size);
     rc_put(c, &off, sizeof off);
-    if (p && out)
+    if (out && (p || (off & JITCKPT_WIRE_PINNED_COMPLETE)))
         c->has_out = 1;
     return p;
 }
 
-void rc_put_in(struct rcall *c, const void *p, size_t n)
+/* The call log (calllog.c) keeps the bytes of every host input: from the arena,
+ * or a direct one's from the program's buffer (what the device reads, if the
+ * program keeps CUDA's rule of not changing it until the copy completed). */
+static void log_input(struct rcall *c, const void *bytes, size_t n)
 {
-    void *to = reserve(c, n, 0);
+    if (!c->log)
+        return;
+    if (c->log_nin < 4) {
+        c->log_in[c->log_nin] = bytes;
+        c->log_in_len[c->log_nin++] = n;
+    } else {
+        c->log_in_over = 1;
+    }
+}
+
+static void put_in(struct rcall *c, const void *p, size_t n, int may_be_direct)
+{
+    int direct;
+    void *to = reserve(c, may_be_direct ? p : NULL, n, 0, &direct);
     if (to)
         memcpy(to, p, n);
-    if (to && c->log) {                 /* for the call log (calllog.c) */
-        if (c->log_nin < 4) {
-            c->log_in[c->log_nin] = to;
-            c->log_in_len[c->log_nin++] = n;
-        } else {
-            c->log_in_over = 1;
-        }
-    }
+    if (to || direct)
+        log_input(c, to ? to : p, n);
+}
+
+void rc_put_in(struct rcall *c, const void *p, size_t n)
+{
+    put_in(c, p, n, 0);
+}
+
+void rc_put_host_in(struct rcall *c, const void *p, size_t n)
+{
+    put_in(c, p, n, 1);
 }
 
 void *rc_put_out(struct rcall *c, size_t n)
 {
-    return reserve(c, n, 1);
+    int direct;
+    return reserve(c, NULL, n, 1, &direct);
+}
+
+void *rc_put_host_out(struct rcall *c, const void *p, size_t n)
+{
+    int direct;
+    return reserve(c, p, n, 1, &direct);     /* NULL when direct: nothing to copy back */
 }
 
 void rc_get_out(struct rcall *c, void *dst, const void *from, size_t n)

@@ -296,6 +296,12 @@ static int32_t replay_one(const struct log_rec *r, void *arg)
     remote_begin_locked(&c, r->fn);
     memcpy(c.w->req, r->req, r->req_len);
     c.req = r->req_len;
+    /* Every host buffer goes through the arena, its size and offset patched in
+     * the request: inputs with their logged bytes, outputs into the arena.  A
+     * direct buffer (pinned memory shared with the proxy: size 0 in the logged
+     * request) too: a replay never reads the program's pinned buffer, which it
+     * may have reused since, nor writes it (a copy into it completed before
+     * the call returned while recovery is on: marshal.c). */
     const unsigned char *in = r->input;
     for (uint32_t j = 0; j < r->nbuf && j < 4; j++) {
         uint64_t off = 0, n = r->buf_len[j];
@@ -308,13 +314,17 @@ static int32_t replay_one(const struct log_rec *r, void *arg)
                 in += n;
             }
         }
+        memcpy(c.w->req + r->buf_pos[j], &n, sizeof n);
         memcpy(c.w->req + r->buf_pos[j] + 8, &off, sizeof off);
     }
     if (getenv("JITCKPT_REMOTE_REPLAY_TRACE")) {
         uint64_t h = 1469598103934665603ull;
         for (uint32_t i = 0; i < r->req_len; i++) { h ^= c.w->req[i]; h *= 1099511628211ull; }
-        rlog("replay: fn %u flags %#x req %u bytes (%016llx), %u buffers", r->fn, r->flags, r->req_len,
-             (unsigned long long)h, r->nbuf);
+        int direct = 0;
+        for (uint32_t j = 0; j < r->nbuf && j < 4; j++)
+            direct += (int)r->buf_direct[j];
+        rlog("replay: fn %u flags %#x req %u bytes (%016llx), %u buffers (%d from pinned memory)", r->fn, r->flags,
+             r->req_len, (unsigned long long)h, r->nbuf, direct);
     }
     if (remote_append_raw(&c, 0) == 0)
         return cudaErrorDevicesUnavailable;

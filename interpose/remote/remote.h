@@ -5,10 +5,10 @@
  * exports every CUDA runtime and NCCL function of the API: the generated
  * stubs (build/gen-remote/remote_stubs.c) marshal a call into the shared
  * segment's request ring and, unless it is asynchronous, wait for the
- * proxy's answer (client.c); the hand-written ones (special.c)
- * cover nvcc's hidden registration and launch entry points and pinned host
- * memory; every function it cannot marshal yet is refused by name
- * (refuse.c).  Nothing here ever calls the real runtime's stateful
+ * proxy's answer (client.c); the hand-written ones cover nvcc's hidden
+ * registration and launch entry points (special.c) and pinned host memory
+ * shared with the proxy (pinned.c); every function it cannot marshal yet is
+ * refused by name (refuse.c).  Nothing here ever calls the real runtime's stateful
  * functions: the worker holds no device state.
  *
  * Concurrency: remote_begin() takes the library's one call lock and
@@ -36,26 +36,35 @@ struct rcall {
     size_t req, rep, arena_used;
     int overflow;             /* a request or arena overflow: the call is not sent */
     int has_out;              /* host bytes come back: the call waits for its answer */
+    int program;              /* a call of the program (remote_begin, remote_begin_quiet): recovery may repair it */
     int arena_started;        /* arena_start is set */
     uint64_t arena_start;     /* the arena position of this call's first buffer */
     int32_t ret;
     /* host buffers, in marshalling order (marshal.c): where each one's size and
      * arena offset sit in the request, for replay and for a call made again
-     * after a recovery (recover.c) */
+     * after a recovery (recover.c).  A direct buffer lies in a pinned region
+     * shared with the proxy and crosses as its pointer (size 0 in the request):
+     * buf_len is its real length, buf_ptr the program's pointer (otherwise the
+     * arena's) */
     int nbuf;
     uint32_t buf_pos[4];
     uint32_t buf_out[4];
+    uint32_t buf_direct[4];
     uint64_t buf_len[4];
     void *buf_ptr[4];
     /* the call log (calllog.c): set by remote_begin, not by remote_begin_locked */
     int log;
     int log_nin, log_in_over;
-    const void *log_in[4];    /* the host inputs' bytes in the arena */
+    const void *log_in[4];    /* the host inputs' bytes in the arena (a direct one's: the program's) */
     size_t log_in_len[4];
 };
 
 /* client.c: the connection, the call */
 int remote_begin(struct rcall *c, unsigned fn);     /* 0, or -1 (no proxy; nothing held) */
+/* The call lock, always (release with remote_end); 0 with a proxy to call, 1
+ * without.  Not counted by JITCKPT_REMOTE_RESTART_AT, not logged (pinned.c). */
+int remote_begin_quiet(struct rcall *c, unsigned fn);
+int remote_send_fd(int fd, const void *msg, size_t n);   /* on the socket, SCM_RIGHTS; 0 or -1 */
 int32_t remote_call(struct rcall *c);
 void remote_end(struct rcall *c);
 cudaError_t remote_unavailable(void);
@@ -73,7 +82,7 @@ void remote_log_call(struct rcall *c, uint32_t flags);
 struct log_rec {                 /* one logged call, as calllog_each gives it */
     uint32_t fn, flags, req_len, nbuf;
     const unsigned char *req;
-    const uint32_t *buf_pos, *buf_out;
+    const uint32_t *buf_pos, *buf_out, *buf_direct;
     const uint64_t *buf_len;
     const unsigned char *input;  /* the input buffers' bytes, in order */
 };
@@ -117,12 +126,21 @@ void rc_put(struct rcall *c, const void *p, size_t n);
 void rc_put_handle(struct rcall *c, const void *handle);
 void rc_put_flag(struct rcall *c, int on);
 void rc_put_string(struct rcall *c, const char *s);
-void rc_put_in(struct rcall *c, const void *p, size_t n);
+void rc_put_in(struct rcall *c, const void *p, size_t n);        /* through the arena */
 void *rc_put_out(struct rcall *c, size_t n);
+/* A host buffer whose pointer already crossed (the generated stubs): one in a
+ * pinned region shared with the proxy crosses as that pointer (direct). */
+void rc_put_host_in(struct rcall *c, const void *p, size_t n);
+void *rc_put_host_out(struct rcall *c, const void *p, size_t n);
 void rc_get_out(struct rcall *c, void *dst, const void *from, size_t n);
 int rc_get(struct rcall *c, void *p, size_t n);
 void rc_get_handle(struct rcall *c, void **handle);
 const char *rc_get_string(struct rcall *c);
+
+/* pinned.c: pinned host memory shared with the proxy (under the call lock) */
+int remote_pinned_shared(const void *p, size_t n);   /* 1: [p, p+n) lies in a region the proxy has mapped */
+void remote_pinned_reshare(void);                    /* a new proxy (restart.c): share every region again */
+void remote_pinned_forked(void);                     /* in a forked child: private copies, no proxy */
 
 /* refuse.c: functions and calls remote mode does not cover */
 void remote_refuse(const char *name, const char *reason);

@@ -11,7 +11,9 @@
  *     bound to its old virtual id;
  *   - streams (flags, priority), events (flags), communicators (one rank),
  *     each with its device, re-created behind the same virtual ids;
- *   - the current device.
+ *   - the current device;
+ *   - pinned host memory (pinned.c): its pages are the worker's own memfds,
+ *     shared again with the new proxy as soon as it is connected.
  *
  * Two ways in:
  *   jitckpt_remote_restart_proxy()  the "suspected driver corruption" case of
@@ -561,6 +563,7 @@ static int replace_proxy(void)
     }
     if (remote_reconnect() != 0)
         return -1;
+    remote_pinned_reshare();          /* before anything can name pinned memory (pinned.c) */
     return 0;
 }
 

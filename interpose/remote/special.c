@@ -1,5 +1,5 @@
 /* special.c -- the hand-written remote functions: nvcc's hidden registration
- * and launch entry points, kernel launches, and pinned host memory.
+ * and launch entry points, and kernel launches (pinned host memory: pinned.c).
  *
  * Registration: __cudaRegisterFatBinary sends the fatbinary image's bytes
  * (its size from the fatbinary header); the proxy registers its own copy and
@@ -11,11 +11,7 @@
  * runtime: the emulator reads them from the fatbinary's parameter layout,
  * emulator/cudart/fatbin.c) once per kernel; the arguments are copied by
  * size into the request.  The launch configuration stack of <<<...>>> is
- * per thread and never leaves the worker.
- *
- * Pinned host memory (cudaMallocHost, cudaHostAlloc) is page-aligned worker
- * memory: kernels in the proxy cannot see it, so mapped (zero-copy) memory
- * is refused. */
+ * per thread and never leaves the worker. */
 
 #include <stdlib.h>
 #include <string.h>
@@ -292,28 +288,4 @@ EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 bl
                                       size_t sharedMem, cudaStream_t stream)
 {
     return launch((uint64_t)(uintptr_t)kernel, 1, gridDim, blockDim, args, sharedMem, stream);
-}
-
-/* ---- pinned host memory ----------------------------------------------------------- */
-
-EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
-{
-    if (pHost == NULL)
-        return cudaErrorInvalidValue;
-    if (flags & cudaHostAllocMapped)
-        return remote_refuse_call("cudaHostAlloc", "flags & cudaHostAllocMapped (zero-copy memory)");
-    if (posix_memalign(pHost, 4096, size ? size : 1) != 0)
-        return cudaErrorMemoryAllocation;
-    return cudaSuccess;
-}
-
-EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
-{
-    return cudaHostAlloc(ptr, size, cudaHostAllocDefault);
-}
-
-EXPORT cudaError_t cudaFreeHost(void *ptr)
-{
-    free(ptr);
-    return cudaSuccess;
 }

@@ -121,9 +121,10 @@ def worker_stub(function, rfn: str) -> str:
             lines.append(f"    rc_put_flag(&jr_c, {p.name} != NULL);")
     for p, (cls, detail) in zip(proto.params, classes):
         if cls == "host_in":
-            lines.append(f"    rc_put_in(&jr_c, {p.name}, (size_t)({detail}));")
+            # (the pointer crossed above: a buffer in shared pinned memory crosses as itself, marshal.c)
+            lines.append(f"    rc_put_host_in(&jr_c, {p.name}, (size_t)({detail}));")
         elif cls == "host_out":
-            lines.append(f"    void *out_{p.name} = rc_put_out(&jr_c, (size_t)({detail}));")
+            lines.append(f"    void *out_{p.name} = rc_put_host_out(&jr_c, {p.name}, (size_t)({detail}));")
     lines.append(f"    {proto.ret} jr_ret = ({proto.ret})remote_call(&jr_c);")
     # Outputs come back only from a call that succeeded (as the runtime leaves them alone otherwise).
     for p, (cls, detail) in zip(proto.params, classes):
@@ -177,7 +178,7 @@ def proxy_dispatch_fn(function) -> str:
     lines.append(f"    {proto.ret} jr_ret = real_{function.name}({args});")
     stream = next((p.name for p, (cls, d) in zip(proto.params, classes) if cls == "handle" and d == "stream"), None)
     if fact.mode == "async" and stream and any(cls == "host_out" for cls, _ in classes):
-        lines.append("    /* a pageable destination: the copy is complete when the call returns */")
+        lines.append("    /* a destination in the arena (or pinned, when the worker asks): complete when the call returns */")
         lines.append(f"    if (jr_ret == cudaSuccess && rd_has_out(jr_d))\n"
                      f"        jr_ret = real_cudaStreamSynchronize({stream});")
     for p, (cls, detail) in zip(proto.params, classes):

@@ -22,7 +22,7 @@ struct rdisp {
     unsigned char *arena;
     size_t req, rep;
     size_t req_len, arena_size;   /* read once: the worker can write the segment at any time */
-    int has_out;              /* a host_out buffer was given */
+    int has_out;              /* a host_out buffer in the arena (or pinned, to complete before the answer) */
 };
 
 struct dispatch_entry {

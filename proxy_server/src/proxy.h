@@ -6,7 +6,8 @@
  * on a Unix socket after checking the peer's credentials (listen.c), and
  * executes the calls the worker sends (serve.c) through the generated
  * dispatch (build/gen/proxy_dispatch.c) and the hand-written one
- * (special.c), translating virtual handles (handles.c).  Single-threaded:
+ * (special.c), translating virtual handles (handles.c); the worker's pinned
+ * host memory is mapped here too (pinned.c).  Single-threaded:
  * every call runs on the main thread, in the order the worker sent it. */
 #ifndef JITCKPT_PROXY_H
 #define JITCKPT_PROXY_H
@@ -92,5 +93,12 @@ int devmem_info(uint64_t *base, uint64_t *size);   /* 1: allocations at fixed ad
 /* restore.c: the restart protocol's calls (jitckpt_remote_restart.h) */
 struct rdisp;
 int32_t dispatch_restore(unsigned fn, struct rdisp *d, int *handled);
+int32_t proxy_sync_all(void);                        /* cudaDeviceSynchronize on every device */
+
+/* pinned.c: pinned host memory shared with the worker (README.md, "Pinned host memory") */
+void pinned_set_socket(int sock);                    /* serve.c: the worker's connection */
+void pinned_receive(void);                           /* take the descriptors waiting on the socket */
+int pinned_contains(const void *p);                  /* 1: p lies in a region mapped from the worker */
+int32_t dispatch_pinned(unsigned fn, struct rdisp *d);   /* JITCKPT_RFN_HOST_REGISTER, _UNREGISTER */
 
 #endif

@@ -52,12 +52,18 @@ int rd_get_string(struct rdisp *d, char **out)
     return 0;
 }
 
-/* A host buffer: size and arena offset.  Size 0: the pointer crosses unchanged. */
+/* A host buffer: size and arena offset.  Size 0: the pointer (already in *p)
+ * crosses unchanged: a device address, or -- offset JITCKPT_WIRE_PINNED -- a
+ * buffer in pinned memory shared with the worker, which must lie in a region
+ * this proxy mapped (pinned.c); 1 if a copy into it must complete before the
+ * answer, as one into the arena does. */
 static int host_buffer(struct rdisp *d, const void **p)
 {
     uint64_t n, off;
     if (rd_get(d, &n, sizeof n) != 0 || rd_get(d, &off, sizeof off) != 0)
         return -1;
+    if (n == 0 && (off & ~JITCKPT_WIRE_PINNED_COMPLETE) == JITCKPT_WIRE_PINNED)
+        return pinned_contains(*p) ? (int)(off & JITCKPT_WIRE_PINNED_COMPLETE) : -1;
     if (n == 0)
         return 0;
     if (off > d->arena_size || n > d->arena_size - off)

@@ -279,6 +279,12 @@ static int32_t health(struct rdisp *d)
     return 0;
 }
 
+int32_t proxy_sync_all(void)
+{
+    resolve();
+    return sync_all();
+}
+
 int32_t dispatch_restore(unsigned fn, struct rdisp *d, int *handled)
 {
     *handled = 1;

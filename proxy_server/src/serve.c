@@ -140,9 +140,12 @@ static int32_t recover_first(unsigned fn, int32_t ret, struct jitckpt_wire *w)
     return ret;
 }
 
-/* The worker: still there?  It never writes to the socket after connecting. */
+/* The worker: still there?  It writes to the socket only the descriptors of
+ * its pinned memory, which are taken first (pinned.c): then the socket is
+ * empty until end-of-file. */
 static int worker_alive(int sock)
 {
+    pinned_receive();
     char b;
     ssize_t n = recv(sock, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0)
@@ -213,6 +216,7 @@ int serve(int sock, struct jitckpt_wire *w)
     if (!shadow)
         return -1;
     memcpy(shadow, w, offsetof(struct jitckpt_wire, ring_head));     /* the layout, for d->w's readers */
+    pinned_set_socket(sock);
     watch_start(w);
     uint64_t tail = 0, arena_end = 0;
     for (;;) {

@@ -245,6 +245,8 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
     case RFN_cudaLaunchKernel: return launch(d, 0);
     case RFN___cudaLaunchKernel: return launch(d, 1);
     case JITCKPT_RFN_PARAM_SIZES: return param_sizes(d);
+    case JITCKPT_RFN_HOST_REGISTER:
+    case JITCKPT_RFN_HOST_UNREGISTER: return dispatch_pinned(fn, d);      /* pinned.c */
     case RFN___cudaRegisterFatBinaryEnd:
     case RFN___cudaInitModule: {
         void **module;

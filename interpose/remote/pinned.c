@@ -1,0 +1,257 @@
+/* pinned.c -- pinned host memory shared with the device proxy (transparent
+ * mode; proxy_server/README.md, "Pinned host memory").
+ *
+ * cudaHostAlloc and cudaMallocHost take their pages from a memfd of their own
+ * (sealed against resizing), mapped MAP_SHARED here -- first fit in the range
+ * at JITCKPT_WIRE_PINNED_BASE, which no process normally uses, so that the
+ * address is usually free in the proxy too -- and hand the fd to the proxy: a
+ * message on the socket carrying it (SCM_RIGHTS), then a synchronous
+ * JITCKPT_RFN_HOST_REGISTER record naming the message; the proxy maps the same
+ * pages at the same address and registers them with its runtime
+ * (cudaHostRegister; proxy_server/src/pinned.c).  From then on a host buffer
+ * that lies inside the region crosses as its own pointer (marshal.c): an H2D
+ * copy from it needs no arena bounce, and a D2H copy into it is asynchronous,
+ * as on a GPU (unless recovery is on: marshal.c says why).  If the proxy cannot
+ * map it (the address is taken there, no cudaHostRegister), the region is only
+ * this process's memory and its copies go through the arena, as before.
+ * cudaFreeHost has the proxy synchronise, unregister and unmap it, then unmaps
+ * it here.  Neither call is logged or counted by JITCKPT_REMOTE_RESTART_AT
+ * (remote_begin_quiet): they change no device state.
+ *
+ * A new proxy (restart.c) gets every live region again as soon as it is
+ * connected; a forked child gets private mappings and no proxy.  Mapped
+ * (zero-copy) memory, cudaHostAllocMapped, stays refused (a kernel would reach
+ * the pages through cudaHostGetDevicePointer, which is not marshalled).
+ *
+ * The table is sorted by address, under the call lock. */
+
+#include "remote.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+struct region {
+    uintptr_t addr;
+    size_t size;                 /* whole pages */
+    int fd;                      /* the memfd, or -1 (none: never shared again) */
+    int mapped;                  /* mmap'd (else posix_memalign'd: no memfd could be had) */
+    int shared;                  /* the current proxy has it mapped */
+    unsigned flags;              /* cudaHostRegister's flags in the proxy */
+};
+
+static struct region *regions;
+static size_t nregions, cap;
+static uint64_t seq;             /* of the descriptors sent on the socket */
+static int said_unshared;
+
+/* The index of the first region above addr. */
+static size_t upper(uintptr_t addr)
+{
+    size_t lo = 0, hi = nregions;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (regions[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static struct region *find(uintptr_t addr)
+{
+    size_t i = upper(addr);
+    return i > 0 && regions[i - 1].addr == addr ? &regions[i - 1] : NULL;
+}
+
+static int insert(const struct region *r)
+{
+    if (nregions == cap) {
+        size_t n = cap ? cap * 2 : 16;
+        struct region *p = realloc(regions, n * sizeof *p);
+        if (!p)
+            return -1;
+        regions = p;
+        cap = n;
+    }
+    size_t i = upper(r->addr);
+    memmove(&regions[i + 1], &regions[i], (nregions - i) * sizeof *regions);
+    regions[i] = *r;
+    nregions++;
+    return 0;
+}
+
+int remote_pinned_shared(const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    size_t i = upper(a);
+    if (i == 0)
+        return 0;
+    const struct region *r = &regions[i - 1];
+    return r->shared && a - r->addr < r->size && n <= r->size - (a - r->addr);
+}
+
+/* Maps the memfd: first fit in the pinned range, else anywhere.  MAP_FAILED on failure. */
+static void *place(int fd, size_t size)
+{
+    uintptr_t at = JITCKPT_WIRE_PINNED_BASE;
+    for (size_t i = 0; i < nregions; i++) {
+        const struct region *r = &regions[i];
+        if (r->addr + r->size <= at)
+            continue;
+        if (r->addr >= at + size)
+            break;
+        at = r->addr + r->size;
+    }
+    void *p = MAP_FAILED;
+    if (size <= JITCKPT_WIRE_PINNED_SIZE && at + size <= JITCKPT_WIRE_PINNED_BASE + JITCKPT_WIRE_PINNED_SIZE) {
+        p = mmap((void *)at, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+        if (p != MAP_FAILED && p != (void *)at) {          /* a kernel before 4.17 took it as a hint */
+            munmap(p, size);
+            p = MAP_FAILED;
+        }
+    }
+    if (p == MAP_FAILED)
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    return p;
+}
+
+/* Hands the region at addr to the proxy through c (begun for
+ * JITCKPT_RFN_HOST_REGISTER): its descriptor on the socket, then the record.
+ * A recovery under the call may have shared it with a new proxy already
+ * (remote_pinned_reshare), so the region is looked up again afterwards. */
+static void share(struct rcall *c, uintptr_t addr)
+{
+    struct region *r = find(addr);
+    struct jitckpt_wire_pinned_fd m = {JITCKPT_WIRE_PINNED_MAGIC, 0, ++seq, r->addr, r->size};
+    int32_t err = cudaErrorDevicesUnavailable;
+    if (remote_send_fd(r->fd, &m, sizeof m) == 0) {
+        rc_put(c, &m.seq, sizeof m.seq);
+        rc_put(c, &m.addr, sizeof m.addr);
+        rc_put(c, &m.size, sizeof m.size);
+        rc_put(c, &r->flags, sizeof r->flags);
+        err = remote_call(c);
+    }
+    r = find(addr);
+    if (err == 0)
+        r->shared = 1;
+    if (!r->shared && !said_unshared) {
+        said_unshared = 1;
+        rlog("pinned memory at %#llx (%llu bytes) is not shared with the device proxy (error %d; the proxy says "
+             "why): copies from and to it go through the arena", (unsigned long long)r->addr,
+             (unsigned long long)r->size, (int)err);
+    }
+}
+
+void remote_pinned_reshare(void)
+{
+    for (size_t i = 0; i < nregions; i++)
+        regions[i].shared = 0;
+    for (size_t i = 0; i < nregions; i++) {
+        struct rcall c;
+        remote_begin_locked(&c, JITCKPT_RFN_HOST_REGISTER);
+        if (regions[i].fd >= 0)
+            share(&c, regions[i].addr);
+    }
+}
+
+/* In a child forked from the worker (client.c, under the call lock): no proxy,
+ * and the parent's pages must not change under the parent: each region becomes
+ * a private mapping of its memfd (CUDA leaves a forked child's use of pinned
+ * memory undefined; this keeps the parent safe: the child's writes stay its
+ * own, though until it writes a page it sees the parent's later writes). */
+void remote_pinned_forked(void)
+{
+    for (size_t i = 0; i < nregions; i++) {
+        struct region *r = &regions[i];
+        if (r->fd < 0)
+            continue;
+        mmap((void *)r->addr, r->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, r->fd, 0);
+        close(r->fd);
+        r->fd = -1;
+        r->shared = 0;
+    }
+}
+
+EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    if (pHost == NULL)
+        return cudaErrorInvalidValue;
+    if (flags & cudaHostAllocMapped)
+        return remote_refuse_call("cudaHostAlloc", "flags & cudaHostAllocMapped (zero-copy memory)");
+    if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocWriteCombined))
+        return cudaErrorInvalidValue;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = ((size ? size : 1) + page - 1) & ~(page - 1);
+    if (size > SIZE_MAX - page)
+        return cudaErrorMemoryAllocation;
+    struct rcall c;
+    int have_proxy = remote_begin_quiet(&c, JITCKPT_RFN_HOST_REGISTER) == 0;
+    struct region r = {0, bytes, -1, 1, 0, flags & cudaHostAllocPortable ? cudaHostRegisterPortable : 0};
+    void *p = MAP_FAILED;
+    r.fd = memfd_create("jitckpt-pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (r.fd >= 0 && ftruncate(r.fd, (off_t)bytes) == 0 &&
+        fcntl(r.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+        p = place(r.fd, bytes);
+    if (p == MAP_FAILED) {                       /* no memfd: page-aligned memory of this process only */
+        if (r.fd >= 0)
+            close(r.fd);
+        r.fd = -1;
+        r.mapped = 0;
+        if (posix_memalign(&p, page, bytes) != 0)
+            p = MAP_FAILED;
+    }
+    r.addr = (uintptr_t)p;
+    if (p == MAP_FAILED || insert(&r) != 0) {
+        if (p != MAP_FAILED && r.mapped)
+            munmap(p, bytes);
+        else if (p != MAP_FAILED)
+            free(p);
+        if (r.fd >= 0)
+            close(r.fd);
+        remote_end(&c);
+        return cudaErrorMemoryAllocation;
+    }
+    if (have_proxy && r.fd >= 0)
+        share(&c, r.addr);
+    remote_end(&c);
+    *pHost = p;
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+    return cudaHostAlloc(ptr, size, cudaHostAllocDefault);
+}
+
+EXPORT cudaError_t cudaFreeHost(void *ptr)
+{
+    if (ptr == NULL)
+        return cudaSuccess;
+    struct rcall c;
+    int have_proxy = remote_begin_quiet(&c, JITCKPT_RFN_HOST_UNREGISTER) == 0;
+    struct region *found = find((uintptr_t)ptr);
+    if (!found) {
+        remote_end(&c);
+        return cudaErrorInvalidValue;
+    }
+    struct region r = *found;
+    size_t i = (size_t)(found - regions);
+    memmove(&regions[i], &regions[i + 1], (nregions - i - 1) * sizeof *regions);
+    nregions--;                                  /* no call crosses it directly from here on */
+    cudaError_t err = cudaSuccess;
+    if (have_proxy && r.shared) {
+        rc_put(&c, &r.addr, sizeof r.addr);
+        err = (cudaError_t)remote_call(&c);      /* synchronises first: copies in flight complete */
+    }
+    if (r.mapped)
+        munmap(ptr, r.size);
+    else
+        free(ptr);
+    if (r.fd >= 0)
+        close(r.fd);
+    remote_end(&c);
+    return err;                                  /* an error the synchronisation met, as cudaFreeHost's */
+}
