@@ -21,7 +21,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -75,16 +74,20 @@ def torchrun(mlp: Path, tmp_path: Path, through_proxy: bool, extra: dict[str, st
            "--max-restarts", "0", "--no-python", *program]
     if kill_proxy_of is None:
         return subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=300)
-    with subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+    with subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        seen = []
+        for line in p.stdout:                   # mid-run: once rank 0 has logged step 10
+            seen.append(line)
+            if line.startswith("[rank 0] step 10 "):
+                break
         killed = kill_serving_proxy(run / f"proxy-{kill_proxy_of}.sock")
-        out, err = p.communicate(timeout=300)
+        out, _ = p.communicate(timeout=300)
     assert killed, "the serving proxy to kill was not found"
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+    return subprocess.CompletedProcess(cmd, p.returncode, "".join(seen) + out, "")
 
 
-def kill_serving_proxy(socket: Path, after: float = 3.0) -> bool:
+def kill_serving_proxy(socket: Path) -> bool:
     """SIGKILLs the serving proxy (the supervisor's child) of the rank whose socket is `socket`."""
-    time.sleep(after)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue

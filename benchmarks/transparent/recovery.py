@@ -27,7 +27,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -79,17 +78,22 @@ def run(workdir: Path, fault: str | None, steps: int, kill_rank: int | None, han
            "0", "--no-python", str(wrapper), str(MLP), "--steps", str(steps), "--rendezvous-dir", str(workdir)]
     started = time.monotonic()
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
     if kill_rank is not None:
-        threading.Thread(target=kill_proxy, args=(workdir / f"proxy-{kill_rank}.sock",), daemon=True).start()
+        for line in p.stdout:                       # mid-run: once rank 0 has logged step 10
+            seen.append(line)
+            if line.startswith("[rank 0] step 10 "):
+                break
+        kill_proxy(workdir / f"proxy-{kill_rank}.sock")
     out, _ = p.communicate(timeout=600)
+    out = "".join(seen) + out
     elapsed = time.monotonic() - started
     if p.returncode != 0:
         raise SystemExit(f"the job failed (exit {p.returncode}):\n{out[-3000:]}")
     return elapsed, out
 
 
-def kill_proxy(socket: Path, after: float = 3.0) -> None:
-    time.sleep(after)
+def kill_proxy(socket: Path) -> None:
     for entry in Path("/proc").iterdir():
         try:
             args = (entry / "cmdline").read_bytes().split(b"\0")
