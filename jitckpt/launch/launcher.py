@@ -16,7 +16,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from jitckpt import config, eventlog, faults, native
 from jitckpt.launch import report
+from jitckpt.launch.child import wait_forwarding_signals
 from jitckpt.store import CheckpointError, DiskStore, check_writable, is_complete
 from jitckpt.store.disk import make_private_dir
 from jitckpt.validate import argparse_type, positive_number
@@ -331,16 +331,9 @@ def main(argv: list[str]) -> int:
     os.environ[config.ENV_RUN_DIR] = str(run_dir)
     eventlog.record("launch", command=args.command)
     child = subprocess.Popen(agent_cmd, env=env)
-
-    def forward(signum: int, frame: object) -> None:
-        child.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = child.wait()
+        code = wait_forwarding_signals(child)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         shutil.rmtree(env[config.ENV_SHM_DIR], ignore_errors=True)
 
     result = report.build(eventlog.read_all(run_dir), code, args.command)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from jitckpt import config, native
+from jitckpt.launch.child import wait_forwarding_signals
 
 # jit-run options that belong to user-level mode only (argparse dests).
 USER_LEVEL_OPTIONS = {
@@ -390,15 +390,7 @@ def main(args: Any, given: Sequence[str] = ()) -> int:
             say(f"error: cannot start {launch.command[0]!r}: {exc.strerror or exc}")
             return 127
 
-        def forward(signum: int, frame: object) -> None:
-            child.send_signal(signum)
-
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            code = child.wait()
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        code = wait_forwarding_signals(child)
         if code < 0:  # killed by a signal
             code = 128 - code
         if code != 0:
