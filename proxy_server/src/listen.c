@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -77,6 +78,14 @@ int accept_worker(int listener, const char *path, pid_t *expected, int segfd, ui
                 unlink(path);
                 close(listener);
                 return -2;
+            }
+            /* --worker-pid: a worker that is gone will never connect (a proxy started for a
+             * restart whose program ended meanwhile): do not wait for ever. */
+            if (child <= 0 && *expected > 0 && kill(*expected, 0) != 0 && errno == ESRCH) {
+                plog("worker pid %d is gone before it connected; exiting", (int)*expected);
+                unlink(path);
+                close(listener);
+                return -1;
             }
             continue;
         }
