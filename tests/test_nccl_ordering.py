@@ -233,7 +233,10 @@ def test_a_peer_frozen_before_ddps_buffer_broadcast_is_caught_by_the_hang_timeou
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, args=[*args, "--backend", backend],
                      fault=f"rank=2,step={STEP},phase=forward,kind=hang")
     failure = _check_recovery(result, expected, STEP, hang=True)
-    assert any("buffer broadcast" in d["detail"] for d in failure["detected_by"] if d["how"] == "hang"), failure
+    # Caught by the hang timeout (before the broadcast was watched the job hung for more than 80 s).  Which
+    # rank's watchdog reports first -- rank 0 in the broadcast, or a rank already waiting in the next
+    # all-reduce while torchrun stops the workers -- depends on timing, so the detail is not asserted.
+    assert any(d["how"] == "hang" for d in failure["detected_by"]) and failure["detect_seconds"] < 30, failure
 
 
 FUNCOL_PROGRAM = textwrap.dedent(
