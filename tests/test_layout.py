@@ -25,7 +25,7 @@ from conftest import REPO, job_env
 
 PACKAGE = REPO / "jitckpt"
 LAYERS: dict[str, int] = {
-    "config": 0, "validate": 0, "eventlog": 0, "jit_event": 0, "faults": 0,
+    "config": 0, "validate": 0, "eventlog": 0, "jit_event": 0, "faults": 0, "console": 0,
     "store": 1, "native": 1,
     "worker": 2, "doctor": 2, "plan": 2,
     "api": 3, "adapters": 3, "transparent": 3,

@@ -47,6 +47,7 @@ import time
 from typing import Any
 
 from jitckpt import config, eventlog
+from jitckpt.console import emit
 
 
 def _process_state(pid: int) -> str:
@@ -84,8 +85,8 @@ def _patch_teardown() -> None:
 
     original_close = getattr(PContext, "close", None)
     if original_close is None:
-        print("[jit-run] warning: this torch has no PContext.close; torchrun's own teardown timeout applies "
-              "(--save-grace and the killing of frozen workers are not in effect)", file=sys.stderr, flush=True)
+        emit("[jit-run] warning: this torch has no PContext.close; torchrun's own teardown timeout applies "
+             "(--save-grace and the killing of frozen workers are not in effect)")
         return
     if getattr(original_close, "_jitckpt_patched", False):
         return
@@ -172,9 +173,8 @@ def _forgive_crashes_after_finished_scripts() -> None:
             rank = worker_exit.get("rank")
             eventlog.record("worker_crashed_after_finishing", rank=rank, attempt=worker_exit.get("attempt"),
                           worker_pid=failure.pid, signal=-failure.exitcode)
-            print(f"[jit-run] worker pid {failure.pid} (local rank {local_rank}, rank {rank}) finished its script, then died "
-                  f"from signal {-failure.exitcode} during interpreter shutdown; counted as finished, not as a failure",
-                  file=sys.stderr, flush=True)
+            emit(f"[jit-run] worker pid {failure.pid} (local rank {local_rank}, rank {rank}) finished its script, then died "
+                 f"from signal {-failure.exitcode} during interpreter shutdown; counted as finished, not as a failure")
 
     capture_process_failures._jitckpt_patched = True  # type: ignore[attr-defined]
     SubprocessContext._capture_process_failures = capture_process_failures
@@ -195,7 +195,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except Exception as exc:  # ChildFailedError after --max-restarts is exhausted
-        print(f"[jit-run] torchrun gave up: {type(exc).__name__}", file=sys.stderr, flush=True)
+        emit(f"[jit-run] torchrun gave up: {type(exc).__name__}")
         code = 1
     else:
         code = 0

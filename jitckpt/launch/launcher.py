@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 from jitckpt import config, eventlog, faults, native
+from jitckpt.console import emit
 from jitckpt.launch import report
 from jitckpt.launch.child import wait_forwarding_signals
 from jitckpt.store import CheckpointError, DiskStore, check_writable, is_complete
@@ -279,7 +280,7 @@ def explicit_options(argv: list[str], args: argparse.Namespace) -> list[str]:
 
 
 def say(message: str) -> None:
-    print(f"[jit-run] {message}", file=sys.stderr, flush=True)
+    emit(f"[jit-run] {message}")
 
 
 def main(argv: list[str]) -> int:

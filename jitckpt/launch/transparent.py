@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from jitckpt import config, native
+from jitckpt.console import emit
 from jitckpt.launch.child import wait_forwarding_signals
 
 # jit-run options that belong to user-level mode only (argparse dests).
@@ -87,7 +88,7 @@ class Job:
 
 def say(message: str) -> None:
     """One jit-run line on stderr."""
-    print(f"[jit-run] {message}", file=sys.stderr, flush=True)
+    emit(f"[jit-run] {message}")
 
 
 # ---- the command -----------------------------------------------------------------------------------
@@ -373,8 +374,7 @@ def main(args: Any, given: Sequence[str] = ()) -> int:
         lines = str(exc).splitlines()
         say(f"error: {lines[0]}")
         for line in lines[1:]:
-            print(f"[jit-run] {line}", file=sys.stderr)
-        sys.stderr.flush()
+            say(line)
         return 2
     try:
         for note in launch.notes:

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from jitckpt import config, eventlog
+from jitckpt.console import emit
 from jitckpt.worker import standby as wire
 
 STANDBY_MODULE = "jitckpt.worker.standby"
@@ -70,7 +71,7 @@ MAX_FAILED_STARTS = 3
 
 
 def say(message: str) -> None:
-    print(f"[jit-run] warm restart: {message}", file=sys.stderr, flush=True)
+    emit(f"[jit-run] warm restart: {message}")
 
 
 def enabled() -> bool:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
+
+from jitckpt.console import emit
 
 
 def log(message: str) -> None:
     """Print a jitckpt message prefixed with this worker's rank."""
-    print(f"[jitckpt rank {os.environ.get('RANK', '?')}] {message}", file=sys.stderr, flush=True)
+    emit(f"[jitckpt rank {os.environ.get('RANK', '?')}] {message}")
 
 
 def short_error(error: BaseException) -> str:
