@@ -27,6 +27,7 @@ static pthread_mutex_t prepare_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct simdev_module *modules;
 static struct simdev_kernel *by_fun[BUCKETS];
 static struct simdev_var *vars;
+int simdev_loading_twins;
 
 struct handle_node {
     struct handle_node *next;
@@ -118,6 +119,7 @@ void **__cudaRegisterFatBinary(void *fatCubin)
         abort();
     }
     m->wrapper = fatCubin;
+    m->twin = simdev_loading_twins;
     pthread_mutex_lock(&reg_lock);
     m->next = modules;
     modules = m;
@@ -247,6 +249,16 @@ cudaError_t simdev_var_lookup(const void *symbol, struct simdev_var **out)
     struct simdev_var *v = vars;
     while (v && (v->host_var != symbol || v->module->unregistered))
         v = v->next;
+    /* A twin library built by nvcc registered its own copy of the program's
+     * variables (the device proxy loads the program's twins that way): a twin
+     * that asks for its copy gets the program's variable of the same name, as
+     * the device code it stands for would use. */
+    if (v && v->module->twin)
+        for (struct simdev_var *p = vars; p; p = p->next)
+            if (!p->module->twin && !p->module->unregistered && strcmp(p->name, v->name) == 0) {
+                v = p;
+                break;
+            }
     cudaError_t err = cudaErrorInvalidSymbol;
     if (v)
         err = materialise_locked(v);

@@ -340,6 +340,7 @@ struct simdev_module {
     struct simdev_module *next;
     const void *wrapper;        /* __fatBinC_Wrapper_t, or the library's code copy */
     int is_library;             /* loaded by cudaLibraryLoadData */
+    int twin;                   /* registered by a JITCKPT_SIMDEV_KERNELS library as it loaded (twin.c) */
     int unregistered;
     struct simdev_kernel *library_kernels;   /* kernels without host stubs */
 };
@@ -349,6 +350,8 @@ struct simdev_kernel *simdev_kernel_by_handle(const void *handle);
 /* Looks up twin and parameter layout once; returns the error a launch gets. */
 cudaError_t simdev_kernel_prepare(struct simdev_kernel *k);
 cudaError_t simdev_var_lookup(const void *symbol, struct simdev_var **out);
+/* 1 while twin.c loads the JITCKPT_SIMDEV_KERNELS libraries: modules they register are twins' copies */
+extern int simdev_loading_twins;
 /* cudaLibrary* support (library.c). */
 struct simdev_module *simdev_library_new(const void *code);
 struct simdev_module *simdev_library_check(const void *handle);

@@ -41,7 +41,9 @@ static void open_libs(void)
     char *buf = strdup(env), *save = NULL;
     for (char *path = strtok_r(buf, ":", &save); path && nlibs < MAX_LIBS;
          path = strtok_r(NULL, ":", &save)) {
+        simdev_loading_twins = 1;      /* a twin library built by nvcc registers its own fatbinary */
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        simdev_loading_twins = 0;
         if (!h) {
             simdev_log("JITCKPT_SIMDEV_KERNELS: cannot load %s: %s", path, dlerror());
             continue;
