@@ -47,16 +47,15 @@ REFUSED_PROGRAM = r"""
 /* A CUDA runtime program that calls two functions transparent mode refuses. */
 #include <cuda_runtime_api.h>
 #include <stdio.h>
-static void CUDART_CB hello(void *arg) { (void)arg; puts("host function ran"); }
 int main(void)
 {
-    void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, 1024);
+    cudaStream_t s;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaStreamCreate(&s);
     if (e == cudaSuccess)
-        e = cudaLaunchHostFunc(0, hello, NULL);
+        e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     printf("PROGRAM RAN: %s\n", cudaGetErrorString(e));
-    cudaFree(p);
-    return cudaDeviceReset() != cudaSuccess;
+    return cudaGraphLaunch(exec, s) != cudaSuccess;
 }
 """
 
@@ -137,16 +136,17 @@ def test_refuses_a_program_calling_functions_the_remote_library_refuses(refused_
     err = refused(jit_run("--transparent", "torchrun", "--standalone", "--nproc_per_node", "2", "--no-python",
                           str(refused_program)))
     assert f"transparent mode cannot run {refused_program}" in err
-    for name in ("cudaLaunchHostFunc", "cudaDeviceReset"):
-        assert re.search(rf"{name}@libcudart.so.13 \(in refused\): transparent mode refuses {name}: not marshalled",
+    for name in ("cudaStreamBeginCapture", "cudaGraphLaunch"):
+        reason = "CUDA graphs: captured work would bypass"
+        assert re.search(rf"{name}@libcudart.so.13 \(in refused\): transparent mode refuses {name}: {reason}",
                          err), err
     assert f"jit-run doctor {refused_program}" in err
     # doctor says the same on its own
     doctor = jit_run("doctor", str(refused_program))
     assert doctor.returncode == 0
-    assert "transparent mode NOT SUPPORTED (2 CUDA runtime functions not covered (cudaDeviceReset, " \
-           "cudaLaunchHostFunc))" in doctor.stdout
-    assert "transparent mode refuses cudaLaunchHostFunc: not marshalled by remote mode yet" in doctor.stdout
+    assert "transparent mode NOT SUPPORTED (2 CUDA runtime functions not covered (cudaGraphLaunch, " \
+           "cudaStreamBeginCapture))" in doctor.stdout
+    assert "transparent mode refuses cudaStreamBeginCapture: CUDA graphs" in doctor.stdout
 
 
 def test_refuses_the_driver_api(driver_program: Path) -> None:

@@ -113,6 +113,11 @@ static uint32_t classify(unsigned fn)
     case RFN_cudaStreamGetFlags: case RFN_cudaStreamGetPriority: case RFN_cudaGetSymbolAddress:
     case RFN_cudaGetSymbolSize: case RFN_cudaDriverGetVersion: case RFN_cudaRuntimeGetVersion:
     case RFN___cudaPushCallConfiguration: case RFN___cudaPopCallConfiguration:
+    case RFN_cudaDeviceCanAccessPeer: case RFN_cudaDeviceGetByPCIBusId: case RFN_cudaDeviceGetPCIBusId:
+    case RFN_cudaDeviceGetCacheConfig: case RFN_cudaDeviceGetLimit: case RFN_cudaDeviceGetStreamPriorityRange:
+    case RFN_cudaGetDeviceFlags: case RFN_cudaStreamGetDevice: case RFN_cudaStreamGetId:
+    case RFN_cudaStreamIsCapturing: case RFN_cudaFuncGetAttributes: case RFN_cudaPointerGetAttributes:
+    case RFN_cudaProfilerStart: case RFN_cudaProfilerStop:
         return LOG_SKIP;
     case RFN_cudaEventCreate: case RFN_cudaEventCreateWithFlags: case RFN_cudaEventDestroy:
     case RFN_cudaStreamCreate: case RFN_cudaStreamCreateWithFlags: case RFN_cudaStreamCreateWithPriority:
@@ -120,7 +125,8 @@ static uint32_t classify(unsigned fn)
     case RFN_ncclGetUniqueId: case RFN___cudaRegisterFatBinary: case RFN___cudaRegisterFatBinaryEnd:
     case RFN___cudaRegisterFunction: case RFN___cudaRegisterVar: case RFN___cudaUnregisterFatBinary:
     case RFN___cudaInitModule: case RFN___cudaGetKernel: case RFN_cudaHostAlloc: case RFN_cudaMallocHost:
-    case RFN_cudaFreeHost:
+    case RFN_cudaFreeHost: case RFN_cudaDeviceReset: case RFN_ncclCommInitRankConfig: case RFN_ncclCommInitAll:
+    case RFN_ncclCommFinalize:
         return LOG_NOREPLAY;
     default:
         return fn < RFN_count ? 0 : LOG_NOREPLAY;

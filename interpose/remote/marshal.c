@@ -123,6 +123,15 @@ void *rc_put_host_out(struct rcall *c, const void *p, size_t n)
     return reserve(c, p, n, 1, &direct);     /* NULL when direct: nothing to copy back */
 }
 
+void *rc_put_host_inout(struct rcall *c, const void *p, size_t n)
+{
+    int direct;
+    void *to = reserve(c, p, n, 1, &direct);
+    if (to)
+        memcpy(to, p, n);
+    return to;
+}
+
 void rc_get_out(struct rcall *c, void *dst, const void *from, size_t n)
 {
     if (c->ret == 0 && from && n)

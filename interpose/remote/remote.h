@@ -20,7 +20,9 @@
 #define _GNU_SOURCE
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>          /* the generated stubs' size expressions (strlen) */
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -132,6 +134,9 @@ void *rc_put_out(struct rcall *c, size_t n);
  * pinned region shared with the proxy crosses as that pointer (direct). */
 void rc_put_host_in(struct rcall *c, const void *p, size_t n);
 void *rc_put_host_out(struct rcall *c, const void *p, size_t n);
+/* A host buffer the call writes only in part (a 2D copy's rows): its bytes go over
+ * too, so that the copy back leaves the rest as it was. */
+void *rc_put_host_inout(struct rcall *c, const void *p, size_t n);
 void rc_get_out(struct rcall *c, void *dst, const void *from, size_t n);
 int rc_get(struct rcall *c, void *p, size_t n);
 void rc_get_handle(struct rcall *c, void **handle);
@@ -141,6 +146,18 @@ const char *rc_get_string(struct rcall *c);
 int remote_pinned_shared(const void *p, size_t n);   /* 1: [p, p+n) lies in a region the proxy has mapped */
 void remote_pinned_reshare(void);                    /* a new proxy (restart.c): share every region again */
 void remote_pinned_forked(void);                     /* in a forked child: private copies, no proxy */
+
+/* copykind.c: cudaMemcpyDefault and host-to-host copies, which the worker resolves itself */
+enum cudaMemcpyKind remote_default_kind(const void *dst, const void *src);   /* NULL: a symbol (device) */
+cudaError_t remote_copy_h2h(void *dst, const void *src, size_t count, cudaStream_t stream);
+int remote_is_device_ptr(const void *p);             /* restart.c, under the call lock */
+
+/* nccl_init.c */
+size_t remote_nccl_type_size(ncclDataType_t datatype);
+
+/* special.c: nvcc's hidden launch entry point (no header declares it) */
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
+                               size_t sharedMem, cudaStream_t stream);
 
 /* refuse.c: functions and calls remote mode does not cover */
 void remote_refuse(const char *name, const char *reason);

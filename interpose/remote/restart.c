@@ -167,8 +167,78 @@ void remote_track_ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId co
     if (comm)
         PUSH(comms, ((struct object){(uintptr_t)*comm, 0, 0, current_device, nranks, rank}));
 }
+/* A configured communicator comes back as a plain (blocking) one after a restart. */
+void remote_track_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                         ncclConfig_t *config)
+{
+    (void)config;
+    remote_track_ncclCommInitRank(comm, nranks, commId, rank);
+}
 void remote_track_ncclCommDestroy(ncclComm_t c) { drop(comms, &n_comms, (uintptr_t)c); }
 void remote_track_ncclCommAbort(ncclComm_t c) { drop(comms, &n_comms, (uintptr_t)c); }
+
+/* Other allocators: the proxy places them in its reserved range as it does cudaMalloc
+ * (proxy_server/src/alloc.c); a pitched allocation is pitch * height bytes. */
+void remote_track_cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
+{
+    (void)width;
+    if (pitch)
+        remote_track_cudaMalloc(devPtr, *pitch * height);
+}
+void remote_track_cudaMallocAsync(void **devPtr, size_t size, cudaStream_t s) { (void)s; remote_track_cudaMalloc(devPtr, size); }
+void remote_track_cudaFreeAsync(void *devPtr, cudaStream_t s) { (void)s; remote_track_cudaFree(devPtr); }
+void remote_track_ncclMemAlloc(void **ptr, size_t size) { remote_track_cudaMalloc(ptr, size); }
+void remote_track_ncclMemFree(void *ptr) { remote_track_cudaFree(ptr); }
+
+/* 1 if p lies in a live device allocation (cudaMemcpyDefault, copykind.c). */
+int remote_is_device_ptr(const void *p)
+{
+    uint64_t a = (uintptr_t)p;
+    for (size_t i = 0; i < n_allocs; i++)
+        if (a >= allocs[i].addr && a - allocs[i].addr < allocs[i].size)
+            return 1;
+    return 0;
+}
+
+/* Settings that outlive their call (gen_remote.py's SETTINGS: device flags and limits,
+ * a kernel's attributes): the request as it was sent, given again to a new proxy on the
+ * device that was current then. */
+struct setting { unsigned fn; int device; uint32_t len; unsigned char *req; };
+TABLE(setting, settings);
+
+void remote_track_setting(struct rcall *c)
+{
+    unsigned char *copy = malloc(c->req ? c->req : 1);
+    if (!copy) {
+        rlog("out of memory keeping the state a proxy restart needs");
+        abort();
+    }
+    memcpy(copy, c->w->req, c->req);
+    PUSH(settings, ((struct setting){c->w->fn, current_device, (uint32_t)c->req, copy}));
+}
+
+/* cudaDeviceReset: the current device's memory, streams, events and settings are gone. */
+void remote_track_cudaDeviceReset(void)
+{
+    for (size_t i = n_allocs; i-- > 0;)
+        if (allocs[i].device == current_device) {
+            memmove(&allocs[i], &allocs[i + 1], (n_allocs - i - 1) * sizeof *allocs);
+            n_allocs--;
+        }
+    for (size_t i = n_streams; i-- > 0;)
+        if (streams[i].device == current_device)
+            streams[i] = streams[--n_streams];
+    for (size_t i = n_events; i-- > 0;)
+        if (events[i].device == current_device)
+            events[i] = events[--n_events];
+    for (size_t i = n_settings; i-- > 0;)
+        if (settings[i].device == current_device) {
+            free(settings[i].req);
+            memmove(&settings[i], &settings[i + 1], (n_settings - i - 1) * sizeof *settings);
+            n_settings--;
+        }
+    calllog_set_noreplay("cudaDeviceReset destroyed the device's memory and handles");
+}
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
@@ -528,6 +598,15 @@ static int32_t recreate(struct rcall *c)
         if ((err = rst_simple(c, JITCKPT_RFN_RST_EVENT, &events[i].vid, 8, &events[i].flags, 4,
                               &events[i].device, 4, NULL, 0)))
             return err;
+    what_failed = "re-applying a device or kernel setting (cudaDeviceSetLimit, cudaFuncSetAttribute, ...)";
+    for (size_t i = 0; i < n_settings; i++) {
+        if ((err = rst_device(c, settings[i].device, NULL)))
+            return err;
+        remote_begin_locked(c, settings[i].fn);
+        rc_put(c, settings[i].req, settings[i].len);
+        if ((err = call(c)))
+            return err;
+    }
     what_failed = "re-creating the communicators";
     for (size_t i = 0; i < n_comms && !skip_comms; i++)
         if ((err = rst_simple(c, JITCKPT_RFN_RST_COMM, &comms[i].vid, 8, &comms[i].nranks, 4, &comms[i].rank, 4,

@@ -289,3 +289,66 @@ EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 bl
 {
     return launch((uint64_t)(uintptr_t)kernel, 1, gridDim, blockDim, args, sharedMem, stream);
 }
+
+/* cudaLaunchKernelExC: the configuration's launch, when it carries no attributes.
+ * Attributes (clusters, cooperative launches, priorities, ...) would need their own
+ * marshalling: such a launch is refused by name rather than run without them. */
+static cudaError_t launch_ex(const cudaLaunchConfig_t *config, const void *func, void **args, int ptsz)
+{
+    if (config == NULL)
+        return cudaErrorInvalidValue;
+    if (config->numAttrs != 0)
+        return remote_refuse_call("cudaLaunchKernelExC", "config->numAttrs != 0 (launch attributes)");
+    cudaStream_t stream = config->stream;
+    if (ptsz && stream == NULL)
+        stream = cudaStreamPerThread;
+    uint64_t key = (uint64_t)(uintptr_t)func;
+    /* func is a host stub, or a kernel handle (cudaGetKernel, a library's kernel) */
+    return launch(key, JITCKPT_VH_IS_VIRTUAL(key) && JITCKPT_VH_KIND(key) == VH_KERNEL, config->gridDim,
+                  config->blockDim, args, config->dynamicSmemBytes, stream);
+}
+
+EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+    return launch_ex(config, func, args, 0);
+}
+
+EXPORT cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t *config, const void *func, void **args)
+{
+    return launch_ex(config, func, args, 1);
+}
+
+/* cudaGetKernel is the public name of __cudaGetKernel (tracked for a restart the same way). */
+EXPORT cudaError_t cudaGetKernel(cudaKernel_t *kernelPtr, const void *entryFuncAddr)
+{
+    if (kernelPtr == NULL)
+        return cudaErrorInvalidValue;
+    return __cudaGetKernel(kernelPtr, entryFuncAddr);
+}
+
+/* ---- stream capture queries --------------------------------------------------------
+ * Capture is refused in transparent mode (api_facts.py, NO_GRAPHS), so no stream is
+ * ever capturing: the answer needs only a valid stream, which the proxy checks. */
+
+EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
+                                            unsigned long long *id_out, cudaGraph_t *graph_out,
+                                            const cudaGraphNode_t **dependencies_out,
+                                            const cudaGraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+    (void)id_out; (void)graph_out; (void)dependencies_out; (void)edgeData_out; (void)numDependencies_out;
+    if (captureStatus_out == NULL)
+        return cudaErrorInvalidValue;
+    return cudaStreamIsCapturing(stream, captureStatus_out);    /* the other outputs: only while capturing */
+}
+
+static __thread enum cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
+
+EXPORT cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *mode)
+{
+    if (mode == NULL || (unsigned)*mode > cudaStreamCaptureModeRelaxed)
+        return cudaErrorInvalidValue;
+    enum cudaStreamCaptureMode old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    return cudaSuccess;
+}

@@ -26,6 +26,15 @@ void remote_track_cudaEventDestroy(cudaEvent_t event);
 void remote_track_ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
 void remote_track_ncclCommDestroy(ncclComm_t comm);
 void remote_track_ncclCommAbort(ncclComm_t comm);
+void remote_track_cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height);
+void remote_track_cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream);
+void remote_track_cudaFreeAsync(void *devPtr, cudaStream_t hStream);
+void remote_track_ncclMemAlloc(void **ptr, size_t size);
+void remote_track_ncclMemFree(void *ptr);
+void remote_track_cudaDeviceReset(void);
+void remote_track_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                         ncclConfig_t *config);
+void remote_track_setting(struct rcall *c);          /* a setting's request, sent again to a new proxy */
 
 /* registrations, in the order they were made (special.c) */
 void remote_track_reg_fatbin(void **module, const void *image, size_t n);

@@ -134,6 +134,9 @@ class Fact:
     out_strings: tuple[str, ...] = ()
     remote_check: str = ""
     remote_async: bool = False
+    host_inout: Mapping[str, str] = field(default_factory=dict)
+    default_kind: tuple[str, ...] = ()
+    local_h2h: str = ""
 
     @property
     def wrapped(self) -> bool:
@@ -262,10 +265,11 @@ REMOTE: dict[str, dict] = {
     "cudaMalloc": dict(remote=GEN, outputs=("devPtr",), mode="sync"),
     "cudaFree": dict(remote=GEN, device=("devPtr",), mode="sync"),
     "cudaMemcpy": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} ? count : 0"},
-                       host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND),
+                       host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND,
+                       default_kind=("dst", "src"), local_h2h="0"),
     "cudaMemcpyAsync": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} ? count : 0"},
                             host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND,
-                            remote_async=True),
+                            default_kind=("dst", "src"), local_h2h="stream", remote_async=True),
     "cudaMemset": dict(remote=GEN, device=("devPtr",)),
     "cudaMemsetAsync": dict(remote=GEN, device=("devPtr",), remote_async=True),
     # streams and events
@@ -292,23 +296,83 @@ REMOTE: dict[str, dict] = {
     "cudaGetSymbolAddress": dict(remote=GEN, device=("symbol",), outputs=("devPtr",), mode="sync"),
     "cudaGetSymbolSize": dict(remote=GEN, device=("symbol",), outputs=("size",), mode="sync"),
     "cudaMemcpyToSymbol": dict(remote=GEN, device=("symbol",), host_in={"src": f"{H2D_ONLY} ? count : 0"},
-                               remote_check=NO_DEFAULT_KIND,
+                               remote_check=NO_DEFAULT_KIND, default_kind=("", "src"),
                                mode="blocking"),
     "cudaMemcpyFromSymbol": dict(remote=GEN, device=("symbol",), host_out={"dst": f"{D2H} ? count : 0"},
-                                 remote_check=NO_DEFAULT_KIND,
+                                 remote_check=NO_DEFAULT_KIND, default_kind=("dst", ""),
                                  mode="blocking"),
+    # device queries and settings.  A setting is given back to a restarted proxy (SETTINGS in gen_remote.py).
+    "cudaDeviceCanAccessPeer": dict(remote=GEN, outputs=("canAccessPeer",), mode="sync"),
+    "cudaDeviceGetByPCIBusId": dict(remote=GEN, outputs=("device",), mode="sync",
+                                    host_in={"pciBusId": "pciBusId ? strlen(pciBusId) + 1 : 0"}),
+    "cudaDeviceGetPCIBusId": dict(remote=GEN, mode="sync", host_out={"pciBusId": "len > 0 ? (size_t)len : 0"}),
+    "cudaDeviceGetCacheConfig": dict(remote=GEN, outputs=("pCacheConfig",), mode="sync"),
+    "cudaDeviceSetCacheConfig": dict(remote=GEN, mode="sync"),
+    "cudaDeviceGetLimit": dict(remote=GEN, outputs=("pValue",), mode="sync"),
+    "cudaDeviceSetLimit": dict(remote=GEN, mode="sync"),
+    "cudaDeviceGetStreamPriorityRange": dict(remote=GEN, outputs=("leastPriority", "greatestPriority"), mode="sync"),
+    "cudaGetDeviceFlags": dict(remote=GEN, outputs=("flags",), mode="sync"),
+    "cudaSetDeviceFlags": dict(remote=GEN, mode="sync"),
+    "cudaInitDevice": dict(remote=GEN, mode="sync"),
+    "cudaDeviceEnablePeerAccess": dict(remote=GEN, mode="sync"),
+    "cudaDeviceDisablePeerAccess": dict(remote=GEN, mode="sync"),
+    "cudaDeviceReset": dict(remote=GEN, mode="sync"),
+    "cudaProfilerStart": dict(remote=GEN, mode="sync", prototype="cudaError_t cudaProfilerStart(void)"),
+    "cudaProfilerStop": dict(remote=GEN, mode="sync", prototype="cudaError_t cudaProfilerStop(void)"),
+    "cudaStreamGetDevice": dict(remote=GEN, handles={"hStream": "stream"}, outputs=("device",), mode="sync"),
+    "cudaStreamGetId": dict(remote=GEN, handles={"hStream": "stream"}, outputs=("streamId",), mode="sync"),
+    "cudaStreamIsCapturing": dict(remote=GEN, handles=STREAM, outputs=("pCaptureStatus",), mode="sync"),
+    # Capture is refused, so no stream is ever capturing: answered in the worker (special.c).
+    "cudaStreamGetCaptureInfo": dict(remote=HAND),
+    "cudaThreadExchangeStreamCaptureMode": dict(remote=HAND),
+    "cudaEventRecordWithFlags": dict(remote=GEN, remote_async=True),
+    # kernels
+    "cudaFuncGetAttributes": dict(remote=GEN, device=("func",), outputs=("attr",), mode="sync"),
+    "cudaFuncSetAttribute": dict(remote=GEN, device=("func",), mode="sync"),
+    "cudaFuncSetCacheConfig": dict(remote=GEN, device=("func",), mode="sync"),
+    "cudaGetKernel": dict(remote=HAND, mode="sync"),            # __cudaGetKernel's twin (special.c)
+    "cudaLaunchKernelExC": dict(remote=HAND, remote_async=True),
+    # device memory: placed by the proxy in its reserved range (proxy_server/src/alloc.c), tracked for a restart
+    "cudaMallocPitch": dict(remote=GEN, outputs=("devPtr", "pitch"), mode="sync"),
+    "cudaMallocAsync": dict(remote=GEN, handles={"hStream": "stream"}, outputs=("devPtr",), mode="sync"),
+    "cudaFreeAsync": dict(remote=GEN, handles={"hStream": "stream"}, device=("devPtr",), mode="sync"),
+    "cudaPointerGetAttributes": dict(remote=GEN, device=("ptr",), outputs=("attributes",), mode="sync"),
+    # 2D, peer and stream-ordered symbol copies.  A 2D copy into host memory takes the
+    # destination's bytes too (host_inout): the gaps between its rows stay as they were.
+    "cudaMemcpy2D": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} && height ? spitch * (height - 1) + width : 0"},
+                         host_inout={"dst": f"{D2H} && height ? dpitch * (height - 1) + width : 0"},
+                         remote_check=NO_DEFAULT_KIND, default_kind=("dst", "src")),
+    "cudaMemcpy2DAsync": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} && height ? spitch * (height - 1) + width : 0"},
+                              host_inout={"dst": f"{D2H} && height ? dpitch * (height - 1) + width : 0"},
+                              remote_check=NO_DEFAULT_KIND, default_kind=("dst", "src"), remote_async=True),
+    "cudaMemset2D": dict(remote=GEN, device=("devPtr",), mode="sync"),
+    "cudaMemset2DAsync": dict(remote=GEN, device=("devPtr",), handles=STREAM, mode="async", remote_async=True),
+    "cudaMemcpyPeer": dict(remote=GEN, device=("dst", "src"), mode="blocking"),
+    "cudaMemcpyPeerAsync": dict(remote=GEN, device=("dst", "src"), handles=STREAM, mode="async", remote_async=True),
+    "cudaMemcpyToSymbolAsync": dict(remote=GEN, device=("symbol",), host_in={"src": f"{H2D_ONLY} ? count : 0"},
+                                    handles=STREAM, mode="async", remote_check=NO_DEFAULT_KIND,
+                                    default_kind=("", "src"), remote_async=True),
+    "cudaMemcpyFromSymbolAsync": dict(remote=GEN, device=("symbol",), host_out={"dst": f"{D2H} ? count : 0"},
+                                      handles=STREAM, mode="async", remote_check=NO_DEFAULT_KIND,
+                                      default_kind=("dst", ""), remote_async=True),
     # hand-written on both sides (interpose/remote/special.c, proxy_server/src/special.c)
     "cudaLaunchKernel": dict(remote=HAND, remote_async=True),
     "__cudaLaunchKernel": dict(remote=HAND, remote_async=True),
     "cudaMallocHost": dict(remote=HAND, mode="sync"),
     "cudaHostAlloc": dict(remote=HAND, mode="sync"),
     "cudaFreeHost": dict(remote=HAND, mode="sync"),
+    # host functions run by the worker when the stream reaches them (interpose/remote/callback.c)
+    # libraries of device code loaded at run time (interpose/remote/library.c)
+    # managed and registered host memory (interpose/remote/pinned.c)
 }
 # NCCL: the communicator is a virtual handle; buffers are device pointers.
 NCCL_BUFFERS = {"ncclAllReduce": ("sendbuff", "recvbuff"), "ncclBroadcast": ("sendbuff", "recvbuff"),
                 "ncclBcast": ("buff",), "ncclReduce": ("sendbuff", "recvbuff"),
                 "ncclAllGather": ("sendbuff", "recvbuff"), "ncclReduceScatter": ("sendbuff", "recvbuff"),
-                "ncclAlltoAll": ("sendbuff", "recvbuff"), "ncclSend": ("sendbuff",), "ncclRecv": ("recvbuff",)}
+                "ncclAlltoAll": ("sendbuff", "recvbuff"), "ncclSend": ("sendbuff",), "ncclRecv": ("recvbuff",),
+                "ncclGather": ("sendbuff", "recvbuff"), "ncclScatter": ("sendbuff", "recvbuff")}
+# ncclConfig_t crosses as its bytes (config->size of them); its two pointers could not.
+NCCL_CONFIG_PTRS = "config != NULL && (config->size == 0 || config->netName != NULL || config->commName != NULL)"
 REMOTE_NCCL: dict[str, dict] = {
     **{name: dict(remote=GEN, device=buffers, remote_async=True) for name, buffers in NCCL_BUFFERS.items()},
     "ncclGetUniqueId": dict(remote=GEN, outputs=("uniqueId",), mode="sync"),
@@ -322,6 +386,17 @@ REMOTE_NCCL: dict[str, dict] = {
     "ncclGroupStart": dict(remote=GEN, mode="sync", remote_async=True),
     "ncclGroupEnd": dict(remote=GEN, mode="sync", remote_async=True),
     "ncclGetVersion": dict(remote=GEN, outputs=("version",), mode="sync"),
+    "ncclCommInitRankConfig": dict(remote=GEN, creates={"comm": "comm"}, mode="sync", remote_check=NCCL_CONFIG_PTRS,
+                                   host_in={"config": "config ? config->size : 0"}),
+    "ncclCommInitAll": dict(remote=HAND, mode="sync"),          # an array of communicators (nccl_init.c)
+    "ncclGetLastError": dict(remote=HAND),                       # a string about a communicator (nccl_init.c)
+    "ncclCommFinalize": dict(remote=GEN, handles={"comm": "comm"}, mode="sync"),
+    "ncclMemAlloc": dict(remote=GEN, outputs=("ptr",), mode="sync"),     # in the proxy's range (alloc.c)
+    "ncclMemFree": dict(remote=GEN, device=("ptr",), mode="sync"),
+    "ncclRedOpCreatePreMulSum": dict(remote=GEN, outputs=("op",), handles={"comm": "comm"}, mode="sync",
+                                     host_in={"scalar": "residence == ncclScalarHostImmediate ? "
+                                                        "remote_nccl_type_size(datatype) : 0"}),
+    "ncclRedOpDestroy": dict(remote=GEN, handles={"comm": "comm"}, mode="sync"),
 }
 # nvcc's hidden registration and launch-configuration entry points: no C header
 # declares them, so they are hand-written on both sides.

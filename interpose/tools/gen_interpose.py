@@ -373,6 +373,8 @@ def remote_column(remote_files: dict[str, str], functions: dict[str, Function]) 
     stubs = remote_files["remote_stubs.c"]
     for name in re.findall(r'remote_local_fn\(&fn, "(\w+)"', stubs):
         handled[name] = REMOTE_IN_PROCESS
+    for plain, twin in re.findall(r"/\* per-thread twin of (\w+) \*/\nEXPORT [^(]*?(\w+)\(", stubs):
+        handled[twin] = handled[plain]
     # Functions the library does not export: they bind to the real library in the worker and
     # touch no device state (gen_remote.py: void results, pointer parameters, no error code).
     unexported = re.search(r"/\* Not exported \(.*?\): ([\w, ]*) \*/", stubs)

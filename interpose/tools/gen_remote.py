@@ -41,7 +41,21 @@ KIND_ENUM = {"stream": "VH_STREAM", "event": "VH_EVENT", "kernel": "VH_KERNEL", 
 # successful call: the state a restarted proxy is given back (milestone 2b).
 TRACKED = {"cudaSetDevice", "cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaStreamCreateWithFlags",
            "cudaStreamCreateWithPriority", "cudaStreamDestroy", "cudaEventCreate", "cudaEventCreateWithFlags",
-           "cudaEventDestroy", "ncclCommInitRank", "ncclCommDestroy", "ncclCommAbort"}
+           "cudaEventDestroy", "ncclCommInitRank", "ncclCommDestroy", "ncclCommAbort", "cudaMallocPitch",
+           "cudaMallocAsync", "cudaFreeAsync", "cudaDeviceReset", "ncclMemAlloc", "ncclMemFree",
+           "ncclCommInitRankConfig"}
+# Settings of the device or of a kernel that outlive the call: the stub hands the request
+# it sent to remote_track_setting (restart.c), which sends it again to a restarted proxy.
+SETTINGS = {"cudaSetDeviceFlags", "cudaDeviceSetLimit", "cudaDeviceSetCacheConfig", "cudaFuncSetAttribute",
+            "cudaFuncSetCacheConfig", "cudaDeviceEnablePeerAccess", "cudaDeviceDisablePeerAccess", "cudaInitDevice"}
+# The per-thread default stream twins (cudaMemcpy_ptds) of functions without a stream
+# parameter: the stream-ordered function on cudaStreamPerThread, then (when the plain one
+# waits) a synchronisation of that stream.
+PTDS_VIA_ASYNC = {"cudaMemcpy": ("cudaMemcpyAsync", True), "cudaMemcpy2D": ("cudaMemcpy2DAsync", True),
+                  "cudaMemcpyToSymbol": ("cudaMemcpyToSymbolAsync", True),
+                  "cudaMemcpyFromSymbol": ("cudaMemcpyFromSymbolAsync", True),
+                  "cudaMemset": ("cudaMemsetAsync", False), "cudaMemset2D": ("cudaMemset2DAsync", False),
+                  "cudaMemcpyPeer": ("cudaMemcpyPeerAsync", True)}
 ERROR_TYPES = {"cudaError_t": "cudaErrorNotSupported", "ncclResult_t": "ncclInvalidUsage"}
 HIDDEN_PROTOS = {
     "__cudaRegisterFatBinary": "void **__cudaRegisterFatBinary(void *fatCubin)",
@@ -79,6 +93,8 @@ def classify(function) -> list[tuple[str, object]]:
             out.append(("host_in", fact.host_in[p.name]))
         elif p.name in fact.host_out:
             out.append(("host_out", fact.host_out[p.name]))
+        elif p.name in fact.host_inout:
+            out.append(("host_inout", fact.host_inout[p.name]))
         elif p.name in fact.device:
             out.append(("device", None))
         elif p.type.endswith("*") or base in HANDLE_TYPES:
@@ -103,17 +119,35 @@ def check_async(functions: dict) -> None:
             raise RemoteGenError(f"{name}: remote_async, but a proxy restart tracks its success (TRACKED)")
 
 
+def ok_expr(proto) -> str:
+    """The results under which a call's outputs are valid: NCCL's non-blocking calls
+    (ncclCommInitRankConfig with blocking = 0) hand out their objects with ncclInProgress."""
+    return "(jr_ret == ncclSuccess || jr_ret == ncclInProgress)" if proto.ret == "ncclResult_t" else "jr_ret == 0"
+
+
 def worker_stub(function, rfn: str) -> str:
     proto, fact = function.proto, function.fact
+    ok = ok_expr(proto)
     classes = classify(function)
     lines = [f"EXPORT {proto.decl()}", "{"]
+    if fact.default_kind:
+        # cudaMemcpyDefault: the worker knows its device allocations and shared regions (restart.c)
+        dst, src = (f"(const void *){n}" if n else "NULL" for n in fact.default_kind)
+        lines += ["    if (kind == cudaMemcpyDefault)",
+                  f"        kind = remote_default_kind({dst}, {src});"]
+    if fact.local_h2h:
+        lines += ["    if (kind == cudaMemcpyHostToHost)",
+                  f"        return remote_copy_h2h(dst, src, count, {fact.local_h2h});"]
     if fact.remote_check:
-        lines += [f"    if ({fact.remote_check})",
-                  f"        return remote_refuse_call({c_str(function.name)}, {c_str(fact.remote_check)});"]
+        refuse = f"remote_refuse_call({c_str(function.name)}, {c_str(fact.remote_check)})"
+        if proto.ret == "ncclResult_t":
+            lines += [f"    if ({fact.remote_check}) {{", f"        {refuse};", "        return ncclInvalidUsage;", "    }"]
+        else:
+            lines += [f"    if ({fact.remote_check})", f"        return {refuse};"]
     unavailable = "ncclSystemError" if proto.ret == "ncclResult_t" else "remote_unavailable()"
     lines += ["    struct rcall jr_c;", f"    if (remote_begin(&jr_c, {rfn}) != 0)", f"        return {unavailable};"]
     for p, (cls, detail) in zip(proto.params, classes):
-        if cls in ("value", "device", "host_in", "host_out"):
+        if cls in ("value", "device", "host_in", "host_out", "host_inout"):
             lines.append(f"    rc_put(&jr_c, &{p.name}, sizeof {p.name});")
         elif cls == "handle":
             lines.append(f"    rc_put_handle(&jr_c, (const void *){p.name});")
@@ -125,26 +159,31 @@ def worker_stub(function, rfn: str) -> str:
             lines.append(f"    rc_put_host_in(&jr_c, {p.name}, (size_t)({detail}));")
         elif cls == "host_out":
             lines.append(f"    void *out_{p.name} = rc_put_host_out(&jr_c, {p.name}, (size_t)({detail}));")
+        elif cls == "host_inout":
+            lines.append(f"    void *out_{p.name} = rc_put_host_inout(&jr_c, {p.name}, (size_t)({detail}));")
     lines.append(f"    {proto.ret} jr_ret = ({proto.ret})remote_call(&jr_c);")
     # Outputs come back only from a call that succeeded (as the runtime leaves them alone otherwise).
     for p, (cls, detail) in zip(proto.params, classes):
-        if cls == "host_out":
+        if cls in ("host_out", "host_inout"):
             lines.append(f"    rc_get_out(&jr_c, {p.name}, out_{p.name}, (size_t)({detail}));")
         elif cls == "output":
-            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rc_get(&jr_c, {p.name}, sizeof *{p.name});")
+            lines.append(f"    if ({ok} && {p.name} != NULL)\n        rc_get(&jr_c, {p.name}, sizeof *{p.name});")
         elif cls == "create":
-            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rc_get_handle(&jr_c, (void **){p.name});")
+            lines.append(f"    if ({ok} && {p.name} != NULL)\n        rc_get_handle(&jr_c, (void **){p.name});")
         elif cls == "out_string":
-            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        *{p.name} = rc_get_string(&jr_c);")
+            lines.append(f"    if ({ok} && {p.name} != NULL)\n        *{p.name} = rc_get_string(&jr_c);")
     if function.name in TRACKED:       # what a proxy restart re-creates (remote/restart.c)
-        lines.append(f"    if (jr_ret == 0)\n        remote_track_{function.name}("
+        lines.append(f"    if ({ok})\n        remote_track_{function.name}("
                      + ", ".join(p.name for p in proto.params) + ");")
+    if function.name in SETTINGS:      # given back to a restarted proxy (remote/restart.c)
+        lines.append("    if (jr_ret == 0)\n        remote_track_setting(&jr_c);")
     lines += ["    remote_end(&jr_c);", "    return jr_ret;", "}", ""]
     return "\n".join(lines)
 
 
 def proxy_dispatch_fn(function) -> str:
     proto, fact = function.proto, function.fact
+    ok = ok_expr(proto)
     classes = classify(function)
     bad_handle = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "cudaErrorInvalidResourceHandle"
     bad = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "RD_BAD"
@@ -164,7 +203,7 @@ def proxy_dispatch_fn(function) -> str:
         if cls == "handle":
             lines.append(f"    uint64_t vid_{p.name} = 0;")
     for p, (cls, detail) in zip(proto.params, classes):
-        if cls in ("value", "device", "host_in", "host_out"):
+        if cls in ("value", "device", "host_in", "host_out", "host_inout"):
             lines.append(f"    if (rd_get(jr_d, &{p.name}, sizeof {p.name}))\n        return {bad};")
         elif cls == "handle":
             lines.append(f"    if (rd_get_handle(jr_d, {KIND_ENUM[detail]}, &vid_{p.name}, (void **)&{p.name}))\n"
@@ -172,23 +211,24 @@ def proxy_dispatch_fn(function) -> str:
         elif cls in ("output", "create", "out_string"):
             lines.append(f"    if (rd_flag(jr_d))\n        {p.name} = &v_{p.name};")
     for p, (cls, _) in zip(proto.params, classes):
-        if cls in ("host_in", "host_out"):
-            lines.append(f"    if (rd_{cls}(jr_d, (const void **)&{p.name}))\n        return {bad};")
+        if cls in ("host_in", "host_out", "host_inout"):
+            which = "host_out" if cls == "host_inout" else cls       # the arena holds the bytes either way
+            lines.append(f"    if (rd_{which}(jr_d, (const void **)&{p.name}))\n        return {bad};")
     args = ", ".join(p.name for p in proto.params)
     lines.append(f"    {proto.ret} jr_ret = real_{function.name}({args});")
     stream = next((p.name for p, (cls, d) in zip(proto.params, classes) if cls == "handle" and d == "stream"), None)
-    if fact.mode == "async" and stream and any(cls == "host_out" for cls, _ in classes):
+    if fact.mode == "async" and stream and any(cls in ("host_out", "host_inout") for cls, _ in classes):
         lines.append("    /* a destination in the arena (or pinned, when the worker asks): complete when the call returns */")
         lines.append(f"    if (jr_ret == cudaSuccess && rd_has_out(jr_d))\n"
                      f"        jr_ret = real_cudaStreamSynchronize({stream});")
     for p, (cls, detail) in zip(proto.params, classes):
         if cls == "output":
-            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rd_put(jr_d, {p.name}, sizeof *{p.name});")
+            lines.append(f"    if ({ok} && {p.name} != NULL)\n        rd_put(jr_d, {p.name}, sizeof *{p.name});")
         elif cls == "create":
-            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rd_put_new_handle(jr_d, {KIND_ENUM[detail]}, "
+            lines.append(f"    if ({ok} && {p.name} != NULL)\n        rd_put_new_handle(jr_d, {KIND_ENUM[detail]}, "
                          f"(void *)*{p.name});")
         elif cls == "out_string":
-            lines.append(f"    if (jr_ret == 0 && {p.name} != NULL)\n        rd_put_string(jr_d, *{p.name});")
+            lines.append(f"    if ({ok} && {p.name} != NULL)\n        rd_put_string(jr_d, *{p.name});")
     for name in fact.destroys:
         kind = fact.handles.get(name)
         if kind:
@@ -217,11 +257,43 @@ def local_call(name: str, proto, library: str) -> str:
             f"    {ret}next({args});\n}}\n")
 
 
+def twin_stub(function, functions: dict) -> str:
+    """The per-thread default stream twin of a marshalled function: stream 0 is cudaStreamPerThread."""
+    proto = function.proto
+    decl = proto.renamed(function.twin).decl()
+    marker = f"/* per-thread twin of {function.name} */"
+    if function.name in PTDS_VIA_ASYNC:
+        other, wait = PTDS_VIA_ASYNC[function.name]
+        oparams = functions[other].proto.params
+        args = ", ".join("cudaStreamPerThread" if p.type == "cudaStream_t" else p.name for p in oparams)
+        body = [f"    cudaError_t jr_ret = {other}({args});"]
+        if wait:
+            body += ["    if (jr_ret == cudaSuccess)", "        jr_ret = cudaStreamSynchronize(cudaStreamPerThread);"]
+        body.append("    return jr_ret;")
+        return "\n".join([marker, f"EXPORT {decl}", "{", *body, "}", ""])
+    stream = next(p.name for p in proto.params if p.type == "cudaStream_t")
+    args = ", ".join(p.name for p in proto.params)
+    return "\n".join([marker, f"EXPORT {decl}", "{", f"    if ({stream} == NULL)",
+                      f"        {stream} = cudaStreamPerThread;", f"    return {function.name}({args});", "}", ""])
+
+
+def has_twin_stub(function) -> bool:
+    """A marshalled function whose per-thread twin the generator writes (twin_stub)."""
+    return bool(function.twin) and function.fact.remote in ("gen", "hand") and (
+        function.name in PTDS_VIA_ASYNC or any(p.type == "cudaStream_t" for p in function.proto.params)) and (
+        function.name not in HAND_TWINS)
+
+
+# Hand-written twins (interpose/remote/special.c): the stream sits inside a structure.
+HAND_TWINS = {"cudaLaunchKernelExC"}
+
+
 def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: set[str], exports: dict,
              hand: tuple[str, ...], banner: str, soname: str) -> dict[str, str]:
     """The remote files, by name."""
     gen = {n: f for n, f in functions.items() if f.fact.remote == "gen"}
     hand_names = [*hand, *(n for n, f in functions.items() if f.fact.remote == "hand")]
+    hand_names += [functions[n].twin for n in HAND_TWINS if n in functions and functions[n].twin]
     for name, f in gen.items():
         if f.fact.refused:
             raise RemoteGenError(f"{name}: both refused and remote=\"gen\"")
@@ -243,6 +315,11 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
         stubs.append(worker_stub(f, f"RFN_{name}"))
         exported.append((name, f.library))
     done = set(gen) | set(hand_names)
+    for name, f in sorted(functions.items()):
+        if has_twin_stub(f):
+            stubs.append(twin_stub(f, functions))
+            exported.append((f.twin, f.library))
+            done.add(f.twin)
     skipped: list[str] = []
     for name in sorted(set(cuda) | set(nccl)):
         if name in done:

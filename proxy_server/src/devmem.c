@@ -37,6 +37,7 @@ static reserve_fn *sim_reserve;
 static malloc_at_fn *sim_malloc_at;
 static __typeof__(cudaMalloc) *rt_malloc;
 static __typeof__(cudaFree) *rt_free;
+static __typeof__(cudaPointerGetAttributes) *rt_attrs;
 
 static int state;                    /* 0: not yet, 1: fixed addresses, -1: the runtime's cudaMalloc */
 static uint64_t base, size;
@@ -142,6 +143,7 @@ static void init(void)
         return;
     rt_malloc = (__typeof__(cudaMalloc) *)proxy_sym(cudart, "cudaMalloc");
     rt_free = (__typeof__(cudaFree) *)proxy_sym(cudart, "cudaFree");
+    rt_attrs = (__typeof__(cudaPointerGetAttributes) *)proxy_sym(cudart, "cudaPointerGetAttributes");
     sim_reserve = (reserve_fn *)dlsym(cudart, "jitckpt_simdev_reserve");
     sim_malloc_at = (malloc_at_fn *)dlsym(cudart, "jitckpt_simdev_malloc_at");
     const char *lr = getenv("LOCAL_RANK");
@@ -281,4 +283,28 @@ int32_t devmem_free(void *ptr)
                 break;
             }
     return err;
+}
+
+/* After cudaDeviceReset: the runtime dropped the device's allocations (the
+ * emulator keeps the range reserved), so the ranges it no longer knows are free
+ * again.  On the VMM path (UNVERIFIED ON GPU) every mapping is released: the
+ * proxy serves one device there. */
+void devmem_after_reset(void)
+{
+    init();
+    for (size_t i = nused; i-- > 0;) {
+        int gone = 1;
+        if (vmm) {
+            cu_unmap((CUdeviceptr)used[i].addr, used[i].len);
+            cu_release((CUmemGenericAllocationHandle)used[i].handle);
+        } else {
+            struct cudaPointerAttributes a;
+            gone = !rt_attrs || rt_attrs(&a, (void *)(uintptr_t)used[i].addr) != cudaSuccess ||
+                   a.type != cudaMemoryTypeDevice;
+        }
+        if (gone) {
+            memmove(&used[i], &used[i + 1], (nused - i - 1) * sizeof *used);
+            nused--;
+        }
+    }
 }

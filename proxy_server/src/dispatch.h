@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -33,6 +34,9 @@ struct dispatch_entry {
 extern const struct dispatch_entry dispatch_generated[RFN_count];
 const char *dispatch_resolve(void *cudart, void *nccl);
 int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled);
+int32_t dispatch_alloc(unsigned fn, struct rdisp *d);          /* alloc.c */
+int32_t dispatch_nccl_init_all(struct rdisp *d);               /* nccl_init.c */
+int32_t dispatch_nccl_last_error(struct rdisp *d);             /* nccl_init.c */
 const char *special_resolve(void *cudart);
 
 int rd_get(struct rdisp *d, void *p, size_t n);

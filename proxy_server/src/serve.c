@@ -96,6 +96,17 @@ static int32_t execute(struct jitckpt_wire *w, uint64_t arena_size, unsigned fn,
     return ret;
 }
 
+/* The last error of a call the proxy answered itself, not through the runtime
+ * (an allocation in its reserved range, devmem.c): cudaGetLastError reports it,
+ * as the runtime would its own. */
+static int32_t own_error;
+
+void proxy_note_error(int32_t err)
+{
+    if (err != 0)
+        own_error = err;
+}
+
 /* The result a synchronous call returns, given the errors asynchronous calls left. */
 static int32_t settle(unsigned fn, int32_t ret)
 {
@@ -106,6 +117,10 @@ static int32_t settle(unsigned fn, int32_t ret)
     int32_t *pending = is_nccl(fn) ? &pending_nccl : &pending_cuda;
     if (fn == RFN_cudaGetLastError || fn == RFN_cudaPeekAtLastError) {
         pending_cuda = 0;
+        if (ret == 0)
+            ret = own_error;
+        if (fn == RFN_cudaGetLastError)
+            own_error = 0;
         return ret;
     }
     if (ret == 0 && *pending != 0)

@@ -236,8 +236,16 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
 {
     *handled = 1;
     switch (fn) {
-    case RFN_cudaMalloc: return malloc_in_range(d);
+    case RFN_cudaMalloc: {
+        int32_t err = malloc_in_range(d);
+        proxy_note_error(err);
+        return err;
+    }
     case RFN_cudaFree: return free_in_range(d);
+    case RFN_cudaMallocPitch: case RFN_cudaMallocAsync: case RFN_cudaFreeAsync: case RFN_cudaDeviceReset:
+    case RFN_ncclMemAlloc: case RFN_ncclMemFree: return dispatch_alloc(fn, d);      /* alloc.c */
+    case RFN_ncclCommInitAll: return dispatch_nccl_init_all(d);                   /* nccl_init.c */
+    case RFN_ncclGetLastError: return dispatch_nccl_last_error(d);               /* nccl_init.c */
     case RFN___cudaRegisterFatBinary: return register_fatbinary(d);
     case RFN___cudaRegisterFunction: return register_function(d);
     case RFN___cudaRegisterVar: return register_var(d);

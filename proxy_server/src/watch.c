@@ -164,7 +164,7 @@ static void classify(void)
             kinds[fn] = K_STREAM_WAIT;
         else if (strncmp(n, "cudaMemcpy", 10) == 0 || strncmp(n, "cudaMemset", 10) == 0)
             kinds[fn] = K_WORK;
-        else if (strcmp(n, "ncclCommInitRank") == 0)
+        else if (strcmp(n, "ncclCommInitRank") == 0 || strcmp(n, "ncclCommInitRankConfig") == 0)
             kinds[fn] = K_COMM_INIT;
         else if (strcmp(n, "ncclCommDestroy") == 0 || strcmp(n, "ncclCommAbort") == 0)
             kinds[fn] = K_COMM_GONE;

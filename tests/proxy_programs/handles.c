@@ -4,8 +4,10 @@
  *
  * Usage: handles <show|refused|roundtrip|exit_early>
  *   show       prints a stream's, an event's and an allocation's value
- *   refused    calls cudaMallocManaged (not marshalled in milestone 1) and
- *              cudaMemcpy with cudaMemcpyDefault, prints the errors
+ *   refused    calls cudaStreamBeginCapture (graphs are refused by design) and
+ *              cudaMemcpy2D from host to host (a refused call), prints the
+ *              errors; and cudaMemcpy with cudaMemcpyDefault (resolved by the
+ *              worker), prints the value copied
  *   roundtrip  copies 1 MiB there and back through a stream, checks it
  *   exit_early exits in the middle, with work queued and memory allocated
  *   rate N     N asynchronous calls (cudaEventRecord), prints calls per second */
@@ -43,11 +45,18 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(cmd, "refused") == 0) {
-        void *p = NULL, *d = NULL;
-        int h = 0;
-        printf("cudaMallocManaged: %s\n", cudaGetErrorName(cudaMallocManaged(&p, 64, cudaMemAttachGlobal)));
+        void *d = NULL;
+        int h = 0, one = 1, rows[4] = {1, 2, 3, 4}, to[4] = {0};
+        cudaStream_t s;
+        CHECK(cudaStreamCreate(&s));
+        printf("cudaStreamBeginCapture: %s\n",
+               cudaGetErrorName(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal)));
+        printf("cudaMemcpy2D(HostToHost): %s\n",
+               cudaGetErrorName(cudaMemcpy2D(to, 8, rows, 8, 4, 2, cudaMemcpyHostToHost)));
         CHECK(cudaMalloc(&d, 64));
-        printf("cudaMemcpy(Default): %s\n", cudaGetErrorName(cudaMemcpy(&h, d, 4, cudaMemcpyDefault)));
+        CHECK(cudaMemcpy(d, &one, sizeof one, cudaMemcpyDefault));
+        CHECK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDefault));
+        printf("cudaMemcpy(Default) round trip: %d\n", h);
         printf("OK refused\n");
         return 0;
     }

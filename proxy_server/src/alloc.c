@@ -1,0 +1,134 @@
+/* alloc.c -- the allocators other than cudaMalloc, placed like it in the
+ * proxy's reserved range (devmem.c), so that a restarted proxy re-creates them
+ * at the same addresses; and cudaDeviceReset, after which that range's
+ * bookkeeping must forget what the runtime dropped.
+ *
+ * The wire is the generated one (api_facts.py); only the proxy's half is
+ * hand-written here, as special.c does for cudaMalloc:
+ *   cudaMallocPitch  the runtime's own pitch for the width (asked with a
+ *                    throw-away allocation), then pitch * height in the range;
+ *   cudaMallocAsync  allocated at once, in the range (a stream-ordered
+ *                    allocation may be usable earlier than the program asks);
+ *   cudaFreeAsync    waits for the stream, then frees (never before work
+ *                    queued on the stream used it);
+ *   ncclMemAlloc/ncclMemFree  device memory in the range as well. */
+
+#include "dispatch.h"
+
+static __typeof__(cudaMallocPitch) *rt_malloc_pitch;
+static __typeof__(cudaFree) *rt_free;
+static __typeof__(cudaStreamSynchronize) *rt_stream_sync;
+static __typeof__(cudaDeviceReset) *rt_reset;
+
+static int resolve(void)
+{
+    if (rt_reset)
+        return 0;
+    rt_malloc_pitch = (__typeof__(cudaMallocPitch) *)proxy_sym(cudart, "cudaMallocPitch");
+    rt_free = (__typeof__(cudaFree) *)proxy_sym(cudart, "cudaFree");
+    rt_stream_sync = (__typeof__(cudaStreamSynchronize) *)proxy_sym(cudart, "cudaStreamSynchronize");
+    rt_reset = (__typeof__(cudaDeviceReset) *)proxy_sym(cudart, "cudaDeviceReset");
+    return rt_malloc_pitch && rt_free && rt_stream_sync && rt_reset ? 0 : -1;
+}
+
+static int32_t malloc_pitch(struct rdisp *d)
+{
+    int want_ptr = rd_flag(d), want_pitch = rd_flag(d);
+    size_t width, height, pitch = 0;
+    if (rd_get(d, &width, sizeof width) || rd_get(d, &height, sizeof height))
+        return RD_BAD;
+    if (!want_ptr || !want_pitch)
+        return cudaErrorInvalidValue;
+    void *probe = NULL;
+    int32_t err = rt_malloc_pitch(&probe, &pitch, width, height ? 1 : 0);
+    if (err != cudaSuccess)
+        return err;
+    if (probe)
+        rt_free(probe);
+    void *p = NULL;
+    if ((err = devmem_malloc(&p, pitch * height)) != cudaSuccess)
+        return err;
+    rd_put(d, &p, sizeof p);
+    rd_put(d, &pitch, sizeof pitch);
+    return cudaSuccess;
+}
+
+static int32_t malloc_async(struct rdisp *d)
+{
+    int want = rd_flag(d);
+    size_t size;
+    uint64_t vid;
+    void *stream;
+    if (rd_get(d, &size, sizeof size))
+        return RD_BAD;
+    if (rd_get_handle(d, VH_STREAM, &vid, &stream))
+        return cudaErrorInvalidResourceHandle;
+    void *p = NULL;
+    int32_t err = devmem_malloc(want ? &p : NULL, size);
+    if (err == cudaSuccess && want)
+        rd_put(d, &p, sizeof p);
+    return err;
+}
+
+static int32_t free_async(struct rdisp *d)
+{
+    void *p;
+    uint64_t vid;
+    void *stream;
+    if (rd_get(d, &p, sizeof p))
+        return RD_BAD;
+    if (rd_get_handle(d, VH_STREAM, &vid, &stream))
+        return cudaErrorInvalidResourceHandle;
+    int32_t err = rt_stream_sync((cudaStream_t)stream);
+    return err != cudaSuccess ? err : devmem_free(p);
+}
+
+static int32_t nccl_mem_alloc(struct rdisp *d)
+{
+    int want = rd_flag(d);
+    size_t size;
+    if (rd_get(d, &size, sizeof size))
+        return ncclInvalidArgument;
+    void *p = NULL;
+    if (!want)
+        return ncclInvalidArgument;
+    if (devmem_malloc(&p, size) != cudaSuccess)
+        return ncclUnhandledCudaError;
+    rd_put(d, &p, sizeof p);
+    return ncclSuccess;
+}
+
+static int32_t nccl_mem_free(struct rdisp *d)
+{
+    void *p;
+    if (rd_get(d, &p, sizeof p))
+        return ncclInvalidArgument;
+    return devmem_free(p) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+int32_t dispatch_alloc(unsigned fn, struct rdisp *d)
+{
+    if (resolve() != 0)
+        return cudaErrorSymbolNotFound;
+    switch (fn) {
+    case RFN_cudaMallocPitch: {
+        int32_t err = malloc_pitch(d);
+        proxy_note_error(err);
+        return err;
+    }
+    case RFN_cudaMallocAsync: {
+        int32_t err = malloc_async(d);
+        proxy_note_error(err);
+        return err;
+    }
+    case RFN_cudaFreeAsync: return free_async(d);
+    case RFN_ncclMemAlloc: return nccl_mem_alloc(d);
+    case RFN_ncclMemFree: return nccl_mem_free(d);
+    case RFN_cudaDeviceReset: {
+        int32_t err = rt_reset();
+        devmem_after_reset();
+        return err;
+    }
+    }
+    return RD_BAD;
+}

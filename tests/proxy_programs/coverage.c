@@ -1,0 +1,120 @@
+/* coverage.c -- runtime calls the emulator's own test programs do not make,
+ * checked directly and through the device proxy (tests/test_proxy_coverage.py).
+ * Plain C against the runtime API: no kernels, so no host twins.
+ *
+ * Usage: coverage [restart]
+ *   Each check prints one line; the program ends with "OK coverage".  With
+ *   "restart", the device proxy is restarted (jitckpt_remote_restart_proxy(),
+ *   looked up at run time: absent without transparent mode) after the state is
+ *   set up, and the checks read it back afterwards: pitched and stream-ordered
+ *   allocations keep their addresses and bytes, device settings stay set. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_)); return 1; } } while (0)
+#define REQUIRE(c) do { if (!(c)) { fprintf(stderr, "%s:%d: requirement failed: %s\n", __FILE__, __LINE__, #c); \
+    return 1; } } while (0)
+
+static void restart_proxy(void)
+{
+    int (*fn)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "jitckpt_remote_restart_proxy");
+    if (fn) {
+        int rc = fn();
+        printf("proxy restarted: %s\n", rc == 0 ? "yes" : "FAILED");
+    } else {
+        printf("proxy restarted: yes\n");      /* directly: nothing to restart; the same output */
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int restart = argc > 1 && strcmp(argv[1], "restart") == 0;
+
+    /* a pitched allocation: rows of 5 ints at the runtime's pitch */
+    int *pitched = NULL;
+    size_t pitch = 0, width = 5 * sizeof(int), height = 3;
+    CHECK(cudaMallocPitch((void **)&pitched, &pitch, width, height));
+    REQUIRE(pitch >= width);
+    int rows[3][8];
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 8; c++)
+            rows[r][c] = 100 * r + c;
+    CHECK(cudaMemcpy2D(pitched, pitch, rows, sizeof rows[0], width, height, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset2D((char *)pitched + sizeof(int), pitch, 0, sizeof(int), height));   /* column 1 -> 0 */
+
+    /* a stream-ordered allocation */
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    long long *pooled = NULL;
+    CHECK(cudaMallocAsync((void **)&pooled, 16 * sizeof *pooled, s));
+    long long seq[16];
+    for (int i = 0; i < 16; i++)
+        seq[i] = 1000 + i;
+    CHECK(cudaMemcpyAsync(pooled, seq, sizeof seq, cudaMemcpyHostToDevice, s));
+    CHECK(cudaStreamSynchronize(s));
+
+    /* settings that outlive their call */
+    size_t heap = 0;
+    CHECK(cudaDeviceSetLimit(cudaLimitMallocHeapSize, 48u << 20));
+    CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared));
+
+    if (restart)
+        restart_proxy();
+
+    /* the 2D copy back into a host buffer with gaps: the gaps keep their bytes */
+    int back[3][8];
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 8; c++)
+            back[r][c] = -1;
+    CHECK(cudaMemcpy2D(back, sizeof back[0], pitched, pitch, width, height, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 8; c++)
+            REQUIRE(back[r][c] == (c >= 5 ? -1 : c == 1 ? 0 : 100 * r + c));
+    printf("pitched 2D copy: rows %d %d %d, gaps kept\n", back[0][4], back[1][4], back[2][4]);
+
+    long long got[16] = {0};
+    CHECK(cudaMemcpy(got, pooled, sizeof got, cudaMemcpyDefault));      /* direction from the pointers */
+    REQUIRE(memcmp(got, seq, sizeof got) == 0);
+    CHECK(cudaFreeAsync(pooled, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("stream-ordered allocation: %lld .. %lld\n", got[0], got[15]);
+
+    CHECK(cudaDeviceGetLimit(&heap, cudaLimitMallocHeapSize));
+    enum cudaFuncCache cache;
+    CHECK(cudaDeviceGetCacheConfig(&cache));
+    printf("heap limit %zu MiB, cache config %d\n", heap >> 20, (int)cache);
+    REQUIRE(heap == (48u << 20));           /* (the emulator keeps no cache configuration) */
+
+    /* host-to-host through the runtime, and queries */
+    char a[16] = "host to host", b[16] = {0};
+    CHECK(cudaMemcpy(b, a, sizeof a, cudaMemcpyHostToHost));
+    REQUIRE(strcmp(b, "host to host") == 0);
+    int least = 0, greatest = 0, peer = -1, flags = -1;
+    CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CHECK(cudaDeviceCanAccessPeer(&peer, 0, 0));
+    CHECK(cudaGetDeviceFlags((unsigned *)&flags));
+    char bus[32];
+    CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, 0));
+    int dev = -1;
+    CHECK(cudaDeviceGetByPCIBusId(&dev, bus));
+    int sdev = -1;
+    CHECK(cudaStreamGetDevice(s, &sdev));
+    enum cudaStreamCaptureStatus cap;
+    CHECK(cudaStreamIsCapturing(s, &cap));
+    struct cudaPointerAttributes attr;
+    CHECK(cudaPointerGetAttributes(&attr, pitched));
+    REQUIRE(attr.type == cudaMemoryTypeDevice && attr.devicePointer == pitched);
+    printf("priorities %d..%d, peer %d, bus %s -> device %d, stream device %d, capturing %d\n",
+           least, greatest, peer, bus, dev, sdev, (int)cap);
+    REQUIRE(cudaMemcpy2D(b, 4, a, 4, 4, 2, (enum cudaMemcpyKind)77) != cudaSuccess);   /* an invalid kind */
+    cudaGetLastError();
+    CHECK(cudaFree(pitched));
+    CHECK(cudaStreamDestroy(s));
+    printf("OK coverage\n");
+    return 0;
+}

@@ -1,0 +1,109 @@
+"""Transparent mode covers the runtime and NCCL functions the CPU device emulator implements.
+
+The emulator's own test programs (tests/emulator_programs: every command that
+does not inject a fault or use graphs) must print the same through the device
+proxy as they print directly; so must tests/proxy_programs/coverage.c, which
+makes the calls those programs do not (pitched and stream-ordered
+allocations, 2D copies into host buffers with gaps, device settings, queries),
+with a proxy restart in the middle.  Graph capture is refused by design, and
+``test_proxy.py`` checks that refusal.  Run on the emulator only: what only a
+GPU could confirm is listed in proxy_server/README.md.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from native_toolchain import CUDA_HOME, REQUIRES_CUDA_TOOLCHAIN
+from test_emulator import emulator, programs  # noqa: F401  (fixtures)
+from test_proxy import EMULATOR_BUILD, PROXY, direct, env, proxy, remote, show, twins  # noqa: F401
+
+pytestmark = REQUIRES_CUDA_TOOLCHAIN
+
+COVERAGE_SRC = Path(__file__).resolve().parent / "proxy_programs" / "coverage.c"
+
+
+def same_output(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) -> str:
+    """The stdout of a run with measured times blanked out."""
+    return re.sub(r"\d+\.\d+ ms", "N ms", a.stdout), re.sub(r"\d+\.\d+ ms", "N ms", b.stdout)
+
+
+@pytest.mark.parametrize("program,cmd", [
+    ("cudart_basic", "symbols"), ("cudart_basic", "memcpy"), ("cudart_basic", "reset"),
+])
+def test_emulator_program_prints_the_same_through_the_proxy(programs, twins, tmp_path,  # noqa: F811
+                                                            program, cmd):
+    want = direct(programs[program], cmd)
+    assert want.returncode == 0, show(want)
+    twin = twins["streams" if program.startswith("streams") else program]
+    got = remote(programs[program], cmd, tmp_path=tmp_path, extra={"JITCKPT_SIMDEV_KERNELS": str(twin)})
+    assert got.returncode == 0, show(got)
+    ours, theirs = same_output(got, want)
+    assert ours == theirs, show(got)
+    assert "is not supported in transparent mode" not in got.stderr, got.stderr
+
+
+def run_ranks(binary: Path, cmd: str, world: int, tmp_path: Path, through_proxy: bool,
+              extra: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
+    """tests/emulator_programs/nccl_ranks.cu, one process per rank (rank 0 publishes the NCCL id in a file)."""
+    id_file = tmp_path / f"nccl-id-{cmd}-{through_proxy}-{time.monotonic_ns()}"
+    procs = []
+    for rank in range(world):
+        e = env({"RANK": str(rank), "WORLD_SIZE": str(world), "JITCKPT_TEST_ID_FILE": str(id_file), **(extra or {})})
+        cmdline = [str(binary), cmd]
+        if through_proxy:
+            cmdline = [str(PROXY), "--socket", str(tmp_path / f"rank{rank}-{time.monotonic_ns()}.sock"), "--",
+                       *cmdline]
+        procs.append(subprocess.Popen(cmdline, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        out.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
+    return out
+
+
+@pytest.mark.parametrize("cmd,world,extra", [
+    ("collectives", 3, {}),
+    ("determinism", 3, {}),
+    ("nonblocking", 3, {}),                         # ncclCommInitRankConfig with blocking = 0
+    ("initall", 1, {"JITCKPT_SIMDEV_DEVICES": "2"}),  # ncclCommInitAll over two devices in one process
+    # argument errors: NCCL returns them at once; through the proxy an asynchronous
+    # call's error comes back from the next synchronous call, unless every call waits
+    ("bad_args", 1, {"JITCKPT_REMOTE_SYNC": "1"}),
+])
+def test_nccl_program_prints_the_same_through_the_proxy(programs, proxy, tmp_path, cmd, world,  # noqa: F811
+                                                        extra):
+    want = run_ranks(programs["nccl_ranks"], cmd, world, tmp_path, False, extra)
+    got = run_ranks(programs["nccl_ranks"], cmd, world, tmp_path, True, extra)
+    for rank, (w, g) in enumerate(zip(want, got)):
+        assert w.returncode == 0, show(w)
+        assert g.returncode == 0, show(g)
+        assert g.stdout == w.stdout, (rank, show(g))
+        assert "is not supported in transparent mode" not in g.stderr, g.stderr
+
+
+@pytest.fixture(scope="module")
+def coverage(proxy, tmp_path_factory) -> Path:  # noqa: F811
+    out = tmp_path_factory.mktemp("coverage") / "coverage"
+    proc = subprocess.run(["gcc", "-O1", "-I", str(CUDA_HOME / "include"), "-o", str(out), str(COVERAGE_SRC),
+                           "-L", str(EMULATOR_BUILD), "-l:libcudart.so.13", "-ldl"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.parametrize("mode", ["", "restart"])
+def test_pitched_stream_ordered_2d_and_settings_through_the_proxy(coverage, tmp_path, mode):
+    want = direct(coverage, *([mode] if mode else []))
+    assert want.returncode == 0 and "OK coverage" in want.stdout, show(want)
+    got = remote(coverage, *([mode] if mode else []), tmp_path=tmp_path)
+    assert got.returncode == 0, show(got)
+    assert got.stdout == want.stdout, show(got)
+    assert "is not supported in transparent mode" not in got.stderr, got.stderr
+    if mode:
+        # the restart really happened, and it gave back both allocations
+        assert re.search(r"device proxy restarted \(driver suspect\).*2 allocations", got.stderr), got.stderr
