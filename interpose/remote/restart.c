@@ -60,10 +60,10 @@
 
 struct alloc { uint64_t addr, size; int device; void *saved; uint64_t minibatch; };
 struct object { uint64_t vid; unsigned flags; int priority, device, nranks, rank; };
-enum reg_kind { REG_FATBIN, REG_FUNCTION, REG_VAR, REG_END, REG_INIT, REG_KERNEL };
+enum reg_kind { REG_FATBIN, REG_FUNCTION, REG_VAR, REG_END, REG_INIT, REG_KERNEL, REG_FUNC };
 struct reg {
     enum reg_kind kind;
-    uint64_t module;             /* virtual id; the kernel's for REG_KERNEL */
+    uint64_t module;             /* virtual id; the kernel's for REG_KERNEL, the function's for REG_FUNC */
     const void *image;           /* REG_FATBIN: the program's own image (kept by nvcc's code) */
     size_t n;                    /* REG_FATBIN: bytes; REG_VAR: size */
     const void *key;             /* host stub / host shadow */
@@ -275,11 +275,21 @@ void remote_track_reg_kernel(cudaKernel_t kernel, const void *hostFun)
             return;
     PUSH(regs, ((struct reg){.kind = REG_KERNEL, .module = (uintptr_t)kernel, .key = hostFun}));
 }
+/* cudaGetFuncBySymbol's function handle, made again under the same id by a new proxy. */
+void remote_track_cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr)
+{
+    if (!functionPtr)
+        return;
+    for (size_t i = 0; i < n_regs; i++)
+        if (regs[i].kind == REG_FUNC && regs[i].module == (uintptr_t)*functionPtr)
+            return;
+    PUSH(regs, ((struct reg){.kind = REG_FUNC, .module = (uintptr_t)*functionPtr, .key = symbolPtr}));
+}
 /* A library unloaded: its image is gone; nothing of it is re-registered. */
 void remote_track_reg_unregister(void **module)
 {
     for (size_t i = 0; i < n_regs; i++)
-        if (regs[i].module == (uintptr_t)module && regs[i].kind != REG_KERNEL)
+        if (regs[i].module == (uintptr_t)module && regs[i].kind != REG_KERNEL && regs[i].kind != REG_FUNC)
             regs[i].dead = 1;
 }
 
@@ -522,17 +532,22 @@ static int32_t rst_device(struct rcall *c, int want, int *cur)
 /* The same marshalling as special.c's entry points. */
 static int32_t replay_reg(struct rcall *c, const struct reg *r)
 {
-    int32_t kind = r->kind == REG_KERNEL ? VH_KERNEL : VH_MODULE;
+    int32_t kind = r->kind == REG_KERNEL ? VH_KERNEL : r->kind == REG_FUNC ? VH_FUNC : VH_MODULE;
     uint64_t id = r->module;
     int32_t err = 0;
     switch (r->kind) {
     case REG_FATBIN:
     case REG_KERNEL:
+    case REG_FUNC:
         if ((err = rst_simple(c, JITCKPT_RFN_RST_EXPECT, &kind, sizeof kind, &id, sizeof id, NULL, 0, NULL, 0)))
             return err;
         if (r->kind == REG_FATBIN) {
             remote_begin_locked(c, RFN___cudaRegisterFatBinary);
             rc_put_in(c, r->image, r->n);
+        } else if (r->kind == REG_FUNC) {            /* the generated wire: the output's flag, the symbol */
+            remote_begin_locked(c, RFN_cudaGetFuncBySymbol);
+            rc_put_flag(c, 1);
+            rc_put(c, &r->key, sizeof r->key);
         } else {
             remote_begin_locked(c, RFN___cudaGetKernel);
             rc_put(c, &r->key, sizeof r->key);

@@ -32,6 +32,7 @@ void remote_track_cudaFreeAsync(void *devPtr, cudaStream_t hStream);
 void remote_track_ncclMemAlloc(void **ptr, size_t size);
 void remote_track_ncclMemFree(void *ptr);
 void remote_track_cudaDeviceReset(void);
+void remote_track_cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr);
 void remote_track_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
                                          ncclConfig_t *config);
 void remote_track_setting(struct rcall *c);          /* a setting's request, sent again to a new proxy */

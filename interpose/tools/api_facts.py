@@ -331,6 +331,7 @@ REMOTE: dict[str, dict] = {
     "cudaFuncSetAttribute": dict(remote=GEN, device=("func",), mode="sync"),
     "cudaFuncSetCacheConfig": dict(remote=GEN, device=("func",), mode="sync"),
     "cudaGetKernel": dict(remote=HAND, mode="sync"),            # __cudaGetKernel's twin (special.c)
+    "cudaGetFuncBySymbol": dict(remote=GEN, creates={"functionPtr": "func"}, device=("symbolPtr",), mode="sync"),
     "cudaLaunchKernelExC": dict(remote=HAND, remote_async=True),
     # device memory: placed by the proxy in its reserved range (proxy_server/src/alloc.c), tracked for a restart
     "cudaMallocPitch": dict(remote=GEN, outputs=("devPtr", "pitch"), mode="sync"),

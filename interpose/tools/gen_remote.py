@@ -43,7 +43,7 @@ TRACKED = {"cudaSetDevice", "cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaS
            "cudaStreamCreateWithPriority", "cudaStreamDestroy", "cudaEventCreate", "cudaEventCreateWithFlags",
            "cudaEventDestroy", "ncclCommInitRank", "ncclCommDestroy", "ncclCommAbort", "cudaMallocPitch",
            "cudaMallocAsync", "cudaFreeAsync", "cudaDeviceReset", "ncclMemAlloc", "ncclMemFree",
-           "ncclCommInitRankConfig"}
+           "ncclCommInitRankConfig", "cudaGetFuncBySymbol"}
 # Settings of the device or of a kernel that outlive the call: the stub hands the request
 # it sent to remote_track_setting (restart.c), which sends it again to a restarted proxy.
 SETTINGS = {"cudaSetDeviceFlags", "cudaDeviceSetLimit", "cudaDeviceSetCacheConfig", "cudaFuncSetAttribute",

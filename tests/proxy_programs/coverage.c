@@ -113,6 +113,10 @@ int main(int argc, char **argv)
            least, greatest, peer, bus, dev, sdev, (int)cap);
     REQUIRE(cudaMemcpy2D(b, 4, a, 4, 4, 2, (enum cudaMemcpyKind)77) != cudaSuccess);   /* an invalid kind */
     cudaGetLastError();
+    cudaFunction_t fn = NULL;
+    printf("function of a host address that is no kernel: %s\n",
+           cudaGetErrorName(cudaGetFuncBySymbol(&fn, (const void *)restart_proxy)));
+    cudaGetLastError();
     CHECK(cudaFree(pitched));
     CHECK(cudaStreamDestroy(s));
     printf("OK coverage\n");
