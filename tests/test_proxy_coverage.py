@@ -96,14 +96,17 @@ def coverage(proxy, tmp_path_factory) -> Path:  # noqa: F811
     return out
 
 
-@pytest.mark.parametrize("mode", ["", "restart"])
-def test_pitched_stream_ordered_2d_and_settings_through_the_proxy(coverage, tmp_path, mode):
-    want = direct(coverage, *([mode] if mode else []))
+@pytest.mark.parametrize("mode,devices", [("", "1"), ("restart", "1"), ("", "2")])
+def test_pitched_stream_ordered_2d_peer_and_settings_through_the_proxy(coverage, tmp_path, mode, devices):
+    args, extra = [mode] if mode else [], {"JITCKPT_SIMDEV_DEVICES": devices}
+    want = direct(coverage, *args, extra=extra)
     assert want.returncode == 0 and "OK coverage" in want.stdout, show(want)
-    got = remote(coverage, *([mode] if mode else []), tmp_path=tmp_path)
+    got = remote(coverage, *args, tmp_path=tmp_path, extra=extra)
     assert got.returncode == 0, show(got)
     assert got.stdout == want.stdout, show(got)
     assert "is not supported in transparent mode" not in got.stderr, got.stderr
+    if devices == "2":
+        assert "peer copies over 2 devices: 1000 .. 1015" in got.stdout
     if mode:
         # the restart really happened, and it gave back both allocations
         assert re.search(r"device proxy restarted \(driver suspect\).*2 allocations", got.stderr), got.stderr

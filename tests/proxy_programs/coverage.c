@@ -113,6 +113,24 @@ int main(int argc, char **argv)
            least, greatest, peer, bus, dev, sdev, (int)cap);
     REQUIRE(cudaMemcpy2D(b, 4, a, 4, 4, 2, (enum cudaMemcpyKind)77) != cudaSuccess);   /* an invalid kind */
     cudaGetLastError();
+    int ndev = 0;
+    CHECK(cudaGetDeviceCount(&ndev));
+    if (ndev >= 2) {        /* a peer copy from device 0 to device 1, and back on a stream */
+        long long *other = NULL, again[16] = {0};
+        CHECK(cudaSetDevice(1));
+        CHECK(cudaMalloc((void **)&other, sizeof seq));
+        CHECK(cudaSetDevice(0));
+        long long *mine = NULL;
+        CHECK(cudaMalloc((void **)&mine, sizeof seq));
+        CHECK(cudaMemcpy(mine, seq, sizeof seq, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpyPeer(other, 1, mine, 0, sizeof seq));
+        CHECK(cudaMemset(mine, 0, sizeof seq));
+        CHECK(cudaMemcpyPeerAsync(mine, 0, other, 1, sizeof seq, s));
+        CHECK(cudaMemcpyAsync(again, mine, sizeof again, cudaMemcpyDeviceToHost, s));
+        CHECK(cudaStreamSynchronize(s));
+        REQUIRE(memcmp(again, seq, sizeof seq) == 0);
+        printf("peer copies over %d devices: %lld .. %lld\n", ndev, again[0], again[15]);
+    }
     cudaFunction_t fn = NULL;
     printf("function of a host address that is no kernel: %s\n",
            cudaGetErrorName(cudaGetFuncBySymbol(&fn, (const void *)restart_proxy)));
