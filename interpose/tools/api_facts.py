@@ -84,9 +84,20 @@ dispatch, ``gen_interpose.py --remote``; see ``proxy_server/README.md``):
     call reads (copied to the proxy through the bulk arena) or writes
     (copied back from it).  When the expression is 0 the pointer's value
     crosses unchanged (it is a device address: ``cudaMemcpy``'s ``kind``).
+``host_inout``
+    Parameter -> C expression: a host buffer the call writes only in part
+    (a 2D copy's rows): its bytes go to the proxy and come back, so the
+    bytes between the rows keep their values.
 ``out_strings``
     ``const char **`` parameters the call points at a string: the string's
     bytes come back and the worker keeps its own copy.
+``default_kind``
+    ``(dst, src)`` parameter names of a copy (``""``: a symbol, device
+    memory): a ``cudaMemcpyDefault`` kind is resolved in the worker from its
+    device allocations (interpose/remote/copykind.c) before marshalling.
+``local_h2h``
+    A host-to-host copy is made in the worker after synchronising this
+    stream expression (``"0"``: the legacy default stream).
 ``remote_check``
     A C condition over the parameters under which remote mode refuses this
     particular call at run time (``cudaMemcpyDefault`` needs to know which

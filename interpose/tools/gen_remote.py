@@ -7,6 +7,8 @@ passthrough library (NVIDIA's prototypes plus ``api_facts.py``) it writes:
   remote_stubs.c      libjitckpt_remote.so's exported CUDA runtime and NCCL entry points
                       (and remote_fn_async, the calls posted without waiting):
                       a generated stub per ``remote="gen"`` function (marshal, call, unmarshal),
+                      the per-thread default stream twin (``_ptsz``/``_ptds``) of every
+                      marshalled function (its stream 0 becomes cudaStreamPerThread),
                       a refusal per function remote mode cannot marshal yet, and an
                       in-process call of the real library per pure function
   remote.map          its linker version script
