@@ -8,7 +8,12 @@
  * a host buffer's bytes cross through the arena exactly as for an explicit
  * kind.  A host-to-host copy never needs the device: the worker waits for the
  * stream (so that earlier copies into either buffer have landed) and copies
- * in its own memory. */
+ * in its own memory.
+ *
+ * cudaPointerGetAttributes of memory that is neither a device allocation nor
+ * a region shared with the proxy is the worker's own host memory: the proxy
+ * would look the address up in its own address space, where it may mean
+ * something else, so the worker answers (pageable, as the runtime says). */
 
 #include "remote.h"
 
@@ -36,4 +41,20 @@ cudaError_t remote_copy_h2h(void *dst, const void *src, size_t count, cudaStream
     if (err == cudaSuccess && count)
         memmove(dst, src, count);
     return err;
+}
+
+int remote_pointer_attributes_here(struct cudaPointerAttributes *attributes, const void *ptr)
+{
+    if (attributes == NULL)
+        return -1;                          /* the runtime's own error */
+    struct rcall c;
+    remote_begin_quiet(&c, 0);
+    int proxy_knows = ptr != NULL && (remote_is_device_ptr(ptr) || remote_pinned_shared(ptr, 1));
+    remote_end(&c);
+    if (proxy_knows)
+        return -1;
+    memset(attributes, 0, sizeof *attributes);
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+    return cudaSuccess;
 }

@@ -151,6 +151,7 @@ void remote_pinned_forked(void);                     /* in a forked child: priva
 enum cudaMemcpyKind remote_default_kind(const void *dst, const void *src);   /* NULL: a symbol (device) */
 cudaError_t remote_copy_h2h(void *dst, const void *src, size_t count, cudaStream_t stream);
 int remote_is_device_ptr(const void *p);             /* restart.c, under the call lock */
+int remote_pointer_attributes_here(struct cudaPointerAttributes *attributes, const void *ptr);  /* -1: ask the proxy */
 
 /* nccl_init.c */
 size_t remote_nccl_type_size(ncclDataType_t datatype);

@@ -98,6 +98,10 @@ dispatch, ``gen_interpose.py --remote``; see ``proxy_server/README.md``):
 ``local_h2h``
     A host-to-host copy is made in the worker after synchronising this
     stream expression (``"0"``: the legacy default stream).
+``answer_locally``
+    A C expression the stub returns first when it is not ``-1``: the
+    worker's own answer (cudaPointerGetAttributes of memory the proxy
+    cannot see: the proxy's address space is not the worker's).
 ``remote_check``
     A C condition over the parameters under which remote mode refuses this
     particular call at run time (``cudaMemcpyDefault`` needs to know which
@@ -148,6 +152,7 @@ class Fact:
     host_inout: Mapping[str, str] = field(default_factory=dict)
     default_kind: tuple[str, ...] = ()
     local_h2h: str = ""
+    answer_locally: str = ""
 
     @property
     def wrapped(self) -> bool:
@@ -348,7 +353,8 @@ REMOTE: dict[str, dict] = {
     "cudaMallocPitch": dict(remote=GEN, outputs=("devPtr", "pitch"), mode="sync"),
     "cudaMallocAsync": dict(remote=GEN, handles={"hStream": "stream"}, outputs=("devPtr",), mode="sync"),
     "cudaFreeAsync": dict(remote=GEN, handles={"hStream": "stream"}, device=("devPtr",), mode="sync"),
-    "cudaPointerGetAttributes": dict(remote=GEN, device=("ptr",), outputs=("attributes",), mode="sync"),
+    "cudaPointerGetAttributes": dict(remote=GEN, device=("ptr",), outputs=("attributes",), mode="sync",
+                                     answer_locally="remote_pointer_attributes_here(attributes, ptr)"),
     # 2D, peer and stream-ordered symbol copies.  A 2D copy into host memory takes the
     # destination's bytes too (host_inout): the gaps between its rows stay as they were.
     "cudaMemcpy2D": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} && height ? spitch * (height - 1) + width : 0"},

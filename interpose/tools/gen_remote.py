@@ -137,6 +137,9 @@ def worker_stub(function, rfn: str) -> str:
         dst, src = (f"(const void *){n}" if n else "NULL" for n in fact.default_kind)
         lines += ["    if (kind == cudaMemcpyDefault)",
                   f"        kind = remote_default_kind({dst}, {src});"]
+    if fact.answer_locally:
+        lines += [f"    int jr_here = {fact.answer_locally};", "    if (jr_here != -1)",
+                  f"        return ({proto.ret})jr_here;"]
     if fact.local_h2h:
         lines += ["    if (kind == cudaMemcpyHostToHost)",
                   f"        return remote_copy_h2h(dst, src, count, {fact.local_h2h});"]

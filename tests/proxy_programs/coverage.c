@@ -109,6 +109,8 @@ int main(int argc, char **argv)
     struct cudaPointerAttributes attr;
     CHECK(cudaPointerGetAttributes(&attr, pitched));
     REQUIRE(attr.type == cudaMemoryTypeDevice && attr.devicePointer == pitched);
+    CHECK(cudaPointerGetAttributes(&attr, a));                   /* the program's own (pageable) memory */
+    REQUIRE(attr.type == cudaMemoryTypeUnregistered && attr.devicePointer == NULL);
     printf("priorities %d..%d, peer %d, bus %s -> device %d, stream device %d, capturing %d\n",
            least, greatest, peer, bus, dev, sdev, (int)cap);
     REQUIRE(cudaMemcpy2D(b, 4, a, 4, 4, 2, (enum cudaMemcpyKind)77) != cudaSuccess);   /* an invalid kind */
