@@ -6,7 +6,10 @@ in ``jitckpt/transparent/rendezvous.py``.  Here it runs against a real
 torchrun's agent hosts one for its workers: three ranks exchange their
 tokens, a missing rank is named after the timeout, bad reports and bad
 environments are refused before torch is even imported, and an unreachable
-store is exit status 4.  Every message is checked for its prefix.
+store is exit status 4.  Every message is checked for its prefix.  The
+rendezvous speaks the store's protocol itself (``store_client.py``): the
+tests run it where torch cannot be imported, and check the fallback to
+torch's client for a store that answers otherwise.
 """
 
 from __future__ import annotations
@@ -175,3 +178,78 @@ def test_help_and_module_entry_point() -> None:
                           env=job_env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--generation G" in proc.stdout
     assert Path(rendezvous.__file__).name == "rendezvous.py" and os.sep + "transparent" + os.sep in rendezvous.__file__
+
+
+# ---- jitckpt's own store client (no torch) ---------------------------------------------------------
+
+
+def test_three_ranks_meet_without_importing_torch(store, tmp_path) -> None:
+    """The rendezvous speaks the store's protocol itself: a `torch` that cannot be imported changes nothing."""
+    fake = tmp_path / "no-torch"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('torch must not be imported here')\n")
+    pythonpath = os.pathsep.join([str(fake), str(REPO)])
+    procs = {rank: start(rank, 3, store.port, f"plain{rank}\n".encode(), generation="4", PYTHONPATH=pythonpath)
+             for rank in range(3)}
+    for rank, proc in procs.items():
+        status, out, err = finish(proc)
+        assert status == 0 and err == "", err
+        assert out == "0 plain0\n1 plain1\n2 plain2\n"
+    # the keys are torch's: its own client reads them
+    assert store.get("jitckpt/transparent/none/0/4/1") == b"plain1"
+
+
+def test_the_plain_client_gives_up_a_wait_cleanly(store) -> None:
+    """StoreClient.wait's timeout cancels the wait on the server, and the connection stays usable."""
+    from jitckpt.transparent.store_client import StoreClient, StoreTimeout
+
+    client = StoreClient("127.0.0.1", store.port, 10)
+    started = time.monotonic()
+    with pytest.raises(StoreTimeout):
+        client.wait(["never/there"], 0.3)
+    assert time.monotonic() - started < 5
+    client.set("later", b"value")
+    assert client.check(["later"]) and not client.check(["never/there"])
+    assert client.multi_get(["later"]) == [b"value"]
+    assert store.get("later") == b"value"
+    client.close()
+
+
+def test_a_store_speaking_another_protocol_falls_back_to_torchs_client(monkeypatch, capsys) -> None:
+    """A server that does not echo the PING nonce: the rendezvous says so and uses torch's TCPStore class."""
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def odd_server() -> None:
+        conn, _ = listener.accept()
+        conn.recv(64)
+        conn.sendall(b"\xff\xff\xff\xff")  # not the nonce
+        time.sleep(1)
+        conn.close()
+
+    threading.Thread(target=odd_server, daemon=True).start()
+    used = []
+
+    class TorchLikeStore:
+        def __init__(self, host, port, is_master, timeout):
+            used.append((host, port, is_master))
+            self.data = {}
+
+        def set(self, key, value):
+            self.data[key] = value.encode() if isinstance(value, str) else value
+
+        def wait(self, keys, timeout):
+            assert all(k in self.data for k in keys)
+
+        def multi_get(self, keys):
+            return [self.data[k] for k in keys]
+
+    monkeypatch.setattr(rendezvous, "_store_class", lambda: TorchLikeStore)
+    settings = rendezvous.read_settings(1, rank_env(0, 1, listener.getsockname()[1], **{rendezvous.ENV_TIMEOUT: "5"}))
+    assert rendezvous.exchange(settings, "tok0") == [(0, "tok0")]
+    assert used == [("127.0.0.1", listener.getsockname()[1], False)]
+    assert "does not speak the protocol jitckpt's own client knows" in capsys.readouterr().err
+    listener.close()

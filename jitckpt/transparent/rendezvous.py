@@ -11,9 +11,9 @@ to learn what every other rank reported.  The contract, exactly:
   rendezvous, reaching the store included).
 - **stdin**: one line, this rank's report: a token of printable ASCII without
   whitespace, at most 8192 bytes, newline-terminated.
-- It connects to torchrun's store as a client
-  (``torch.distributed.TCPStore(MASTER_ADDR, int(MASTER_PORT), is_master=False,
-  timeout=timedelta(seconds=timeout))``), sets the key
+- It connects to torchrun's store as a client (``store_client.StoreClient``,
+  or ``torch.distributed.TCPStore(MASTER_ADDR, int(MASTER_PORT),
+  is_master=False, timeout=timedelta(seconds=timeout))``), sets the key
   ``jitckpt/transparent/{run_id}/{restart_count}/{generation}/{rank}`` to the
   token, waits for the keys of all ``WORLD_SIZE`` ranks of the same
   generation, and prints on stdout exactly ``WORLD_SIZE`` lines
@@ -29,9 +29,12 @@ would leave ``MASTER_PORT`` to a store that the workers' rank 0 creates, which
 a native program never does).  Keys are never deleted: each recovery uses a
 new generation, and each torchrun restart a new restart count.
 
-Start-up cost is Python's and ``import torch``'s (TCPStore is torch's C++
-class): nothing else heavy is imported, and the arguments, environment and
-report are checked before torch is imported, so bad input fails at once.
+It speaks the store's protocol itself (``store_client.py``), so a recovery's
+rendezvous costs Python's start and a few round trips, not ``import torch``
+(1.5-2.5 s on the 2-core test machine); torch's own ``TCPStore`` client is
+the fallback for a store that answers that client's protocol check
+otherwise.  Nothing heavy is imported, and the arguments, environment and
+report are checked first, so bad input fails at once.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from datetime import timedelta
 from typing import Any, BinaryIO, Callable, Mapping, Optional, Sequence, TextIO
 
 from jitckpt.config import ENV_TRANSPARENT_RDZV_TIMEOUT
+from jitckpt.transparent.store_client import StoreClient, StoreProtocolError, StoreTimeout
 
 PREFIX = "jitckpt transparent rendezvous: "
 EXIT_OK, EXIT_USAGE, EXIT_TIMEOUT, EXIT_UNREACHABLE = 0, 2, 3, 4
@@ -170,10 +174,74 @@ def _store_class() -> Callable[..., Any]:
     return TCPStore
 
 
-def exchange(settings: Settings, token: str, store_class: Optional[Callable[..., Any]] = None) -> list[tuple[int, str]]:
-    """Hand in ``token`` and return every rank's ``(rank, token)``, sorted; RendezvousError(3 or 4) on failure."""
+def _where(settings: Settings) -> str:
+    return f"torchrun's store at {settings.master_addr}:{settings.master_port}"
+
+
+def _timed_out(settings: Settings, missing: list[int]) -> RendezvousError:
+    named = ", ".join(str(r) for r in missing)
+    return RendezvousError(
+        EXIT_TIMEOUT,
+        f"timed out after {settings.timeout:g}s: rank{'s' if len(missing) > 1 else ''} {named} of "
+        f"{settings.world_size} did not report (generation {settings.generation}, restart "
+        f"{settings.restart_count}, run {settings.run_id})")
+
+
+def _reports(values: Sequence[Any]) -> list[tuple[int, str]]:
+    out = []
+    for rank, value in enumerate(values):
+        text = bytes(value).decode("ascii", "replace")
+        if not _TOKEN.fullmatch(text.encode("ascii", "replace")) or len(text) > MAX_TOKEN:
+            raise RendezvousError(EXIT_USAGE, f"rank {rank}'s report in the store is not a token ({text[:40]!r})")
+        out.append((rank, text))
+    return out
+
+
+def _os_gist(error: BaseException) -> str:
+    return getattr(error, "strerror", None) or str(error) or type(error).__name__
+
+
+def exchange_plain(settings: Settings, token: str) -> list[tuple[int, str]]:
+    """``exchange`` through ``store_client`` (no torch); StoreProtocolError if the store speaks another protocol."""
     deadline = time.monotonic() + settings.timeout
-    where = f"torchrun's store at {settings.master_addr}:{settings.master_port}"
+    where = _where(settings)
+    try:
+        client = StoreClient(settings.master_addr, settings.master_port, settings.timeout)
+    except (OSError, EOFError) as exc:
+        raise RendezvousError(EXIT_UNREACHABLE, f"cannot reach {where}: {_os_gist(exc)}") from None
+    keys = [settings.key(rank) for rank in range(settings.world_size)]
+    step = "handing in rank %d's report" % settings.rank
+    try:
+        client.set(keys[settings.rank], token.encode("ascii"))
+        step = "waiting for the other ranks"
+        try:
+            client.wait(keys, max(deadline - time.monotonic(), 0.001))
+        except StoreTimeout:
+            missing = [rank for rank, key in enumerate(keys) if not client.check([key])]
+            if missing:  # (none missing: they all arrived just after the wait gave up)
+                raise _timed_out(settings, missing) from None
+        step = "reading the reports"
+        return _reports(client.multi_get(keys))
+    except (OSError, EOFError, StoreProtocolError) as exc:
+        raise RendezvousError(EXIT_UNREACHABLE, f"lost {where} while {step}: {_os_gist(exc)}") from None
+    finally:
+        client.close()
+
+
+def exchange(settings: Settings, token: str, store_class: Optional[Callable[..., Any]] = None) -> list[tuple[int, str]]:
+    """Hand in ``token`` and return every rank's ``(rank, token)``, sorted; RendezvousError(3 or 4) on failure.
+
+    Through ``store_client`` unless ``store_class`` is given; torch's own
+    ``TCPStore`` client when the store does not answer that client's
+    protocol check (another torch version's protocol)."""
+    if store_class is None:
+        try:
+            return exchange_plain(settings, token)
+        except StoreProtocolError as exc:
+            print(f"{PREFIX}the store does not speak the protocol jitckpt's own client knows ({exc}); "
+                  "using torch's TCPStore client", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + settings.timeout
+    where = _where(settings)
     store_class = _store_class() if store_class is None else store_class
     try:
         store = store_class(settings.master_addr, settings.master_port, is_master=False,
@@ -199,23 +267,12 @@ def exchange(settings: Settings, token: str, store_class: Optional[Callable[...,
             raise RendezvousError(EXIT_UNREACHABLE, f"lost {where} while waiting for the other ranks: "
                                                     f"{_gist(check_exc)}") from None
         if missing:  # (none missing: they all arrived just after the wait gave up)
-            named = ", ".join(str(r) for r in missing)
-            raise RendezvousError(
-                EXIT_TIMEOUT,
-                f"timed out after {settings.timeout:g}s: rank{'s' if len(missing) > 1 else ''} {named} of "
-                f"{settings.world_size} did not report (generation {settings.generation}, restart "
-                f"{settings.restart_count}, run {settings.run_id})") from None
+            raise _timed_out(settings, missing) from None
     try:
         values = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(k) for k in keys]
     except Exception as exc:
         raise RendezvousError(EXIT_UNREACHABLE, f"lost {where} while reading the reports: {_gist(exc)}") from None
-    out = []
-    for rank, value in enumerate(values):
-        text = bytes(value).decode("ascii", "replace")
-        if not _TOKEN.fullmatch(text.encode("ascii", "replace")) or len(text) > MAX_TOKEN:
-            raise RendezvousError(EXIT_USAGE, f"rank {rank}'s report in the store is not a token ({text[:40]!r})")
-        out.append((rank, text))
-    return out
+    return _reports(values)
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None,
