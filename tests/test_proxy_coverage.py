@@ -35,6 +35,8 @@ def same_output(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) 
 
 @pytest.mark.parametrize("program,cmd", [
     ("cudart_basic", "symbols"), ("cudart_basic", "memcpy"), ("cudart_basic", "reset"),
+    ("cudart_basic", "staging"),                                   # a host function holds a stream back
+    ("streams", "async_alloc"), ("streams_ptds", "async_alloc"),   # cudaStreamAddCallback, and its twin
 ])
 def test_emulator_program_prints_the_same_through_the_proxy(programs, twins, tmp_path,  # noqa: F811
                                                             program, cmd):

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #define JITCKPT_WIRE_MAGIC 0x4a4b5057u       /* "WPKJ" */
-#define JITCKPT_WIRE_VERSION 4u
+#define JITCKPT_WIRE_VERSION 5u
 #define JITCKPT_WIRE_REQ_MAX (64u * 1024u)
 #define JITCKPT_WIRE_REP_MAX (64u * 1024u)
 #define JITCKPT_WIRE_DEFAULT_ARENA (64ull << 20)
@@ -89,6 +89,7 @@ struct jitckpt_ring_rec {
 #define JITCKPT_REC_SYNC 1u      /* the worker waits for this record's answer */
 
 #define JITCKPT_WIRE_LINE __attribute__((aligned(64)))
+#define JITCKPT_WIRE_CB_SLOTS 64u      /* host functions posted to the worker and not finished, at most */
 
 struct jitckpt_wire {
     uint32_t magic;
@@ -119,6 +120,18 @@ struct jitckpt_wire {
     uint32_t recovery_on;        /* written by the worker: 1 when it recovers (serve.c's recover_first) */
     uint64_t coll_oldest_ns;     /* CLOCK_MONOTONIC ns when the oldest unfinished collective was enqueued; 0: none */
     uint64_t done_marker;        /* minibatch markers completed on the device: the newest index + 1 */
+    /* Host functions (cudaLaunchHostFunc, cudaStreamAddCallback; hostfn.c on
+     * both sides).  When the proxy's runtime reaches one, the proxy writes its
+     * id (and status) into slot cb_posted % JITCKPT_WIRE_CB_SLOTS, advances
+     * cb_posted and bumps cb_wake; the worker runs the program's function and
+     * sets cb_done[slot] to the posting's sequence number + 1, bumping
+     * cb_done_wake; the proxy's runtime thread waits for that. */
+    JITCKPT_WIRE_LINE uint64_t cb_posted;
+    uint32_t cb_wake;
+    int32_t cb_status[JITCKPT_WIRE_CB_SLOTS];
+    uint64_t cb_ids[JITCKPT_WIRE_CB_SLOTS];
+    JITCKPT_WIRE_LINE uint64_t cb_done[JITCKPT_WIRE_CB_SLOTS];
+    uint32_t cb_done_wake;
     /* The answer to the last synchronous record (valid once ring_tail passed it). */
     int32_t ret;                 /* cudaError_t, ncclResult_t, or a hand-written result */
     uint32_t rep_len;

@@ -126,7 +126,7 @@ static uint32_t classify(unsigned fn)
     case RFN___cudaRegisterFunction: case RFN___cudaRegisterVar: case RFN___cudaUnregisterFatBinary:
     case RFN___cudaInitModule: case RFN___cudaGetKernel: case RFN_cudaHostAlloc: case RFN_cudaMallocHost:
     case RFN_cudaFreeHost: case RFN_cudaDeviceReset: case RFN_ncclCommInitRankConfig: case RFN_ncclCommInitAll:
-    case RFN_ncclCommFinalize: case RFN_cudaGetFuncBySymbol:
+    case RFN_ncclCommFinalize: case RFN_cudaGetFuncBySymbol: case RFN_cudaLaunchHostFunc: case RFN_cudaStreamAddCallback:
         return LOG_NOREPLAY;
     default:
         return fn < RFN_count ? 0 : LOG_NOREPLAY;

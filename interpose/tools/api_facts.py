@@ -379,7 +379,9 @@ REMOTE: dict[str, dict] = {
     "cudaMallocHost": dict(remote=HAND, mode="sync"),
     "cudaHostAlloc": dict(remote=HAND, mode="sync"),
     "cudaFreeHost": dict(remote=HAND, mode="sync"),
-    # host functions run by the worker when the stream reaches them (interpose/remote/callback.c)
+    # host functions run by the worker when the stream reaches them (interpose/remote/hostfn.c)
+    "cudaLaunchHostFunc": dict(remote=HAND),
+    "cudaStreamAddCallback": dict(remote=HAND),
     # libraries of device code loaded at run time (interpose/remote/library.c)
     # managed and registered host memory (interpose/remote/pinned.c)
 }

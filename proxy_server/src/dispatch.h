@@ -36,6 +36,7 @@ const char *dispatch_resolve(void *cudart, void *nccl);
 int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled);
 int32_t dispatch_alloc(unsigned fn, struct rdisp *d);          /* alloc.c */
 int32_t dispatch_nccl_init_all(struct rdisp *d);               /* nccl_init.c */
+int32_t dispatch_hostfn(unsigned fn, struct rdisp *d);         /* hostfn.c */
 int32_t dispatch_nccl_last_error(struct rdisp *d);             /* nccl_init.c */
 const char *special_resolve(void *cudart);
 

@@ -21,6 +21,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+pid_t proxy_worker_pid;
+
 
 int listen_socket(const char *path)
 {
@@ -111,6 +113,7 @@ int accept_worker(int listener, const char *path, pid_t *expected, int segfd, ui
         }
         send_hello(fd, 0, segfd, segsize);
         *expected = cred.pid;
+        proxy_worker_pid = cred.pid;
         unlink(path);
         close(listener);
         pdebug("serving worker pid %d", (int)cred.pid);
