@@ -34,9 +34,11 @@ def same_output(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) 
 
 
 @pytest.mark.parametrize("program,cmd", [
-    ("cudart_basic", "symbols"), ("cudart_basic", "memcpy"), ("cudart_basic", "reset"),
-    ("cudart_basic", "staging"),                                   # a host function holds a stream back
-    ("streams", "async_alloc"), ("streams_ptds", "async_alloc"),   # cudaStreamAddCallback, and its twin
+    ("cudart_basic", "devices"), ("cudart_basic", "symbols"), ("cudart_basic", "memcpy"),
+    ("cudart_basic", "reset"), ("cudart_basic", "staging"),
+    # managed memory, host functions, events, the per-thread default stream (the _ptds build)
+    *[(build, cmd) for build in ("streams", "streams_ptds")
+      for cmd in ("ordering", "events", "legacy", "nonblocking", "per_thread", "async_alloc")],
 ])
 def test_emulator_program_prints_the_same_through_the_proxy(programs, twins, tmp_path,  # noqa: F811
                                                             program, cmd):

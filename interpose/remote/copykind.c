@@ -50,7 +50,16 @@ int remote_pointer_attributes_here(struct cudaPointerAttributes *attributes, con
     struct rcall c;
     remote_begin_quiet(&c, 0);
     int proxy_knows = ptr != NULL && (remote_is_device_ptr(ptr) || remote_pinned_shared(ptr, 1));
+    int managed = ptr != NULL && remote_pinned_is_managed(ptr);
+    int device = remote_current_device();
     remote_end(&c);
+    if (managed) {                          /* registered host memory in the proxy; managed memory to the program */
+        memset(attributes, 0, sizeof *attributes);
+        attributes->type = cudaMemoryTypeManaged;
+        attributes->device = device;
+        attributes->devicePointer = attributes->hostPointer = (void *)ptr;
+        return cudaSuccess;
+    }
     if (proxy_knows)
         return -1;
     memset(attributes, 0, sizeof *attributes);

@@ -143,12 +143,13 @@ static cudaError_t enqueue(unsigned fn, struct pending *p, unsigned flags)
     p->next = pending;
     pending = p;
     pthread_mutex_unlock(&mu);
+    cudaStream_t stream = remote_stream(p->stream);     /* (the program's function gets its own handle) */
     struct rcall c;
     if (remote_begin(&c, fn) != 0) {
         free(take(p->id));
         return remote_unavailable();
     }
-    rc_put_handle(&c, p->stream);
+    rc_put_handle(&c, stream);
     rc_put(&c, &p->id, sizeof p->id);
     rc_put(&c, &flags, sizeof flags);
     uint64_t id = p->id;                   /* p may be run and freed as soon as the proxy has it */

@@ -40,6 +40,7 @@ struct region {
     int mapped;                  /* mmap'd (else posix_memalign'd: no memfd could be had) */
     int shared;                  /* the current proxy has it mapped */
     unsigned flags;              /* cudaHostRegister's flags in the proxy */
+    int managed;                 /* cudaMallocManaged: must be shared; freed by cudaFree */
 };
 
 static struct region *regions;
@@ -176,20 +177,24 @@ void remote_pinned_forked(void)
     }
 }
 
-EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+int remote_pinned_is_managed(const void *p)
 {
-    if (pHost == NULL)
-        return cudaErrorInvalidValue;
-    if (flags & cudaHostAllocMapped)
-        return remote_refuse_call("cudaHostAlloc", "flags & cudaHostAllocMapped (zero-copy memory)");
-    if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocWriteCombined))
-        return cudaErrorInvalidValue;
+    uintptr_t a = (uintptr_t)p;
+    size_t i = upper(a);
+    return i > 0 && regions[i - 1].managed && a - regions[i - 1].addr < regions[i - 1].size;
+}
+
+static cudaError_t free_region(struct rcall *c, void *ptr, int have_proxy);
+
+/* A region of `size` bytes shared with the proxy, registered there with `flags`. */
+static cudaError_t alloc_region(void **out, size_t size, unsigned flags, int managed)
+{
     size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = ((size ? size : 1) + page - 1) & ~(page - 1);
     if (size > SIZE_MAX - page)
         return cudaErrorMemoryAllocation;
     struct rcall c;
     int have_proxy = remote_begin_quiet(&c, JITCKPT_RFN_HOST_REGISTER) == 0;
-    struct region r = {0, bytes, -1, 1, 0, flags & cudaHostAllocPortable ? cudaHostRegisterPortable : 0};
+    struct region r = {0, bytes, -1, 1, 0, flags, managed};
     void *p = MAP_FAILED;
     r.fd = memfd_create("jitckpt-pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (r.fd >= 0 && ftruncate(r.fd, (off_t)bytes) == 0 &&
@@ -216,9 +221,58 @@ EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
     }
     if (have_proxy && r.fd >= 0)
         share(&c, r.addr);
+    if (managed && !find(r.addr)->shared) {      /* a kernel in the proxy could not reach it: no managed memory */
+        free_region(&c, p, 0);
+        remote_end(&c);
+        return remote_refuse_call("cudaMallocManaged", "the device proxy could not map the memory at the same "
+                                  "address");
+    }
     remote_end(&c);
-    *pHost = p;
+    *out = p;
     return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    if (pHost == NULL)
+        return cudaErrorInvalidValue;
+    if (flags & cudaHostAllocMapped)
+        return remote_refuse_call("cudaHostAlloc", "flags & cudaHostAllocMapped (zero-copy memory)");
+    if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocWriteCombined))
+        return cudaErrorInvalidValue;
+    return alloc_region(pHost, size, flags & cudaHostAllocPortable ? cudaHostRegisterPortable : 0, 0);
+}
+
+/* Managed memory is a shared region the proxy registers as mapped memory: the
+ * program reads and writes it here, kernels in the proxy at the same address
+ * (on a GPU: zero-copy host memory, correct but slower than migrating pages;
+ * UNVERIFIED ON GPU).  A replay cannot reset it, so transparent recovery is off
+ * for a job that has it (recover.c). */
+EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags)
+{
+    if (devPtr == NULL || size == 0 || (flags != cudaMemAttachGlobal && flags != cudaMemAttachHost))
+        return cudaErrorInvalidValue;
+    cudaError_t err = alloc_region(devPtr, size, cudaHostRegisterMapped | cudaHostRegisterPortable, 1);
+    if (err == cudaSuccess)
+        remote_recovery_off("managed", "the program allocated managed memory (cudaMallocManaged), which a replay "
+                            "cannot reset: the kernels' writes to it would be applied twice");
+    return err;
+}
+
+/* cudaFree of managed memory (the generated cudaFree stub asks first): the
+ * result, or -1 when ptr is not managed memory (the proxy frees it). */
+int remote_free_managed(void *ptr)
+{
+    struct rcall c;
+    int have_proxy = remote_begin_quiet(&c, JITCKPT_RFN_HOST_UNREGISTER) == 0;
+    struct region *found = find((uintptr_t)ptr);
+    if (!found || !found->managed) {
+        remote_end(&c);
+        return -1;
+    }
+    cudaError_t err = free_region(&c, ptr, have_proxy);
+    remote_end(&c);
+    return err;
 }
 
 EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
@@ -233,18 +287,27 @@ EXPORT cudaError_t cudaFreeHost(void *ptr)
     struct rcall c;
     int have_proxy = remote_begin_quiet(&c, JITCKPT_RFN_HOST_UNREGISTER) == 0;
     struct region *found = find((uintptr_t)ptr);
-    if (!found) {
+    if (!found || found->managed) {
         remote_end(&c);
         return cudaErrorInvalidValue;
     }
+    cudaError_t err = free_region(&c, ptr, have_proxy);
+    remote_end(&c);
+    return err;
+}
+
+/* Drops the region at ptr (c begun for JITCKPT_RFN_HOST_UNREGISTER, the call lock held). */
+static cudaError_t free_region(struct rcall *c, void *ptr, int have_proxy)
+{
+    struct region *found = find((uintptr_t)ptr);
     struct region r = *found;
     size_t i = (size_t)(found - regions);
     memmove(&regions[i], &regions[i + 1], (nregions - i - 1) * sizeof *regions);
     nregions--;                                  /* no call crosses it directly from here on */
     cudaError_t err = cudaSuccess;
     if (have_proxy && r.shared) {
-        rc_put(&c, &r.addr, sizeof r.addr);
-        err = (cudaError_t)remote_call(&c);      /* synchronises first: copies in flight complete */
+        rc_put(c, &r.addr, sizeof r.addr);
+        err = (cudaError_t)remote_call(c);       /* synchronises first: copies in flight complete */
     }
     if (r.mapped)
         munmap(ptr, r.size);
@@ -252,6 +315,5 @@ EXPORT cudaError_t cudaFreeHost(void *ptr)
         free(ptr);
     if (r.fd >= 0)
         close(r.fd);
-    remote_end(&c);
     return err;                                  /* an error the synchronisation met, as cudaFreeHost's */
 }

@@ -73,6 +73,7 @@ static double hang_timeout = 30.0;
 static int generation;
 static uint64_t last_done;
 static const char *invalid;      /* validation found the replay unfaithful: recovery refuses (the reason) */
+static const char *invalid_code = "validation";   /* the report's `cannot` word for it */
 
 static double now_s(void)
 {
@@ -449,7 +450,7 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
 
     /* 3. The report. */
     uint64_t first = calllog_first(), host = calllog_minibatch();
-    const char *cannot = invalid ? "validation" : "none";
+    const char *cannot = invalid ? invalid_code : "none";
     uint64_t vid = 0;
     int nranks = 0, crank = 0, cdev = 0;
     if (invalid) {
@@ -487,6 +488,8 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         if (strcmp(all[r].cannot, "validation") == 0)
             give_up("rank %d's replay validation failed earlier (a replay there does not reproduce the device "
                     "memory)", r);
+        if (strcmp(all[r].cannot, "managed") == 0)
+            give_up("rank %d has managed memory (cudaMallocManaged), which a replay cannot reset", r);
         if (strcmp(all[r].cannot, "none") != 0)
             give_up("rank %d cannot take part (%s: transparent mode recovers one communicator of all ranks)", r,
                     all[r].cannot);
@@ -657,6 +660,19 @@ static void validate_configure(void)
         validate_at = atol(a);
     if (e && *e)
         validate_every = atol(e);
+}
+
+/* pinned.c: the job has state a replay cannot reset; said once, and a later
+ * failure stops every rank (exit status EXIT_NO_RECOVERY) with the reason. */
+void remote_recovery_off(const char *code, const char *why)
+{
+    configure();
+    if (!enabled || invalid)
+        return;
+    invalid = why;
+    invalid_code = code;
+    rlog("rank %d: %s.  Transparent recovery is OFF for this job: a failure will stop every rank (exit status %d) "
+         "and the job falls back to its checkpoints.", rank, why, EXIT_NO_RECOVERY);
 }
 
 static int validate_now(uint64_t minibatch)

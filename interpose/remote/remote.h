@@ -117,6 +117,7 @@ int remote_recovery_check(void);                     /* under the call lock: 1 i
 int32_t remote_recover(struct rcall *c, const char *why, int memory_lost, int pending_logged);
 #define RECOVER_SUSPECT 2            /* memory_lost: the driver is suspect: copy out, new proxy, copy back */
 int remote_recoverable_error(unsigned fn, int32_t ret);
+void remote_recovery_off(const char *code, const char *why);   /* state a replay cannot reset (pinned.c) */
 void remote_mark_minibatch(uint64_t index);          /* calllog.c, at a minibatch end: the proxy's marker */
 void remote_phase_begin(uint64_t index);             /* calllog.c: an optimizer phase begins (validation) */
 void remote_validate_begin(uint64_t minibatch);      /* under the call lock */
@@ -146,11 +147,18 @@ const char *rc_get_string(struct rcall *c);
 int remote_pinned_shared(const void *p, size_t n);   /* 1: [p, p+n) lies in a region the proxy has mapped */
 void remote_pinned_reshare(void);                    /* a new proxy (restart.c): share every region again */
 void remote_pinned_forked(void);                     /* in a forked child: private copies, no proxy */
+int remote_pinned_is_managed(const void *p);         /* p lies in cudaMallocManaged memory */
+int remote_free_managed(void *ptr);                  /* cudaFree of managed memory, or -1: not managed */
 
 /* copykind.c: cudaMemcpyDefault and host-to-host copies, which the worker resolves itself */
 enum cudaMemcpyKind remote_default_kind(const void *dst, const void *src);   /* NULL: a symbol (device) */
 cudaError_t remote_copy_h2h(void *dst, const void *src, size_t count, cudaStream_t stream);
 int remote_is_device_ptr(const void *p);             /* restart.c, under the call lock */
+int remote_current_device(void);                     /* restart.c, under the call lock */
+/* ptds.c: this thread's own stream where the program passed cudaStreamPerThread
+ * (outside the call lock: it may create the stream) */
+cudaStream_t remote_stream(cudaStream_t stream);
+void remote_ptds_reset(void);
 int remote_pointer_attributes_here(struct cudaPointerAttributes *attributes, const void *ptr);  /* -1: ask the proxy */
 
 /* nccl_init.c */

@@ -100,6 +100,7 @@ static void drop(struct object *t, size_t *n, uint64_t vid)
 }
 
 void remote_track_cudaSetDevice(int device) { current_device = device; }
+int remote_current_device(void) { return current_device; }
 
 void remote_track_cudaMalloc(void **devPtr, size_t size)
 {
@@ -238,6 +239,7 @@ void remote_track_cudaDeviceReset(void)
             n_settings--;
         }
     calllog_set_noreplay("cudaDeviceReset destroyed the device's memory and handles");
+    remote_ptds_reset();
 }
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }

@@ -250,6 +250,7 @@ static struct layout *layout_of(struct rcall *c, uint64_t key, int is_handle, cu
 static cudaError_t launch(uint64_t key, int is_handle, dim3 grid, dim3 block, void **args, size_t shmem,
                           cudaStream_t stream)
 {
+    stream = remote_stream(stream);            /* cudaStreamPerThread: this thread's own (ptds.c) */
     struct rcall c;
     if (remote_begin(&c, is_handle ? RFN___cudaLaunchKernel : RFN_cudaLaunchKernel) != 0)
         return remote_unavailable();

@@ -279,7 +279,7 @@ REMOTE: dict[str, dict] = {
     "cudaGetLastError": dict(remote=GEN, mode="sync"),
     "cudaPeekAtLastError": dict(remote=GEN, mode="sync"),
     "cudaMalloc": dict(remote=GEN, outputs=("devPtr",), mode="sync"),
-    "cudaFree": dict(remote=GEN, device=("devPtr",), mode="sync"),
+    "cudaFree": dict(remote=GEN, device=("devPtr",), mode="sync", answer_locally="remote_free_managed(devPtr)"),
     "cudaMemcpy": dict(remote=GEN, host_in={"src": f"{H2D_ONLY} ? count : 0"},
                        host_out={"dst": f"{D2H} ? count : 0"}, remote_check=NO_DEFAULT_KIND,
                        default_kind=("dst", "src"), local_h2h="0"),
@@ -384,6 +384,7 @@ REMOTE: dict[str, dict] = {
     "cudaStreamAddCallback": dict(remote=HAND),
     # libraries of device code loaded at run time (interpose/remote/library.c)
     # managed and registered host memory (interpose/remote/pinned.c)
+    "cudaMallocManaged": dict(remote=HAND),
 }
 # NCCL: the communicator is a virtual handle; buffers are device pointers.
 NCCL_BUFFERS = {"ncclAllReduce": ("sendbuff", "recvbuff"), "ncclBroadcast": ("sendbuff", "recvbuff"),

@@ -149,6 +149,9 @@ def worker_stub(function, rfn: str) -> str:
             lines += [f"    if ({fact.remote_check}) {{", f"        {refuse};", "        return ncclInvalidUsage;", "    }"]
         else:
             lines += [f"    if ({fact.remote_check})", f"        return {refuse};"]
+    for p, (cls, detail) in zip(proto.params, classes):
+        if cls == "handle" and detail == "stream":      # cudaStreamPerThread: this thread's own (remote/ptds.c)
+            lines.append(f"    {p.name} = remote_stream({p.name});")
     unavailable = "ncclSystemError" if proto.ret == "ncclResult_t" else "remote_unavailable()"
     lines += ["    struct rcall jr_c;", f"    if (remote_begin(&jr_c, {rfn}) != 0)", f"        return {unavailable};"]
     for p, (cls, detail) in zip(proto.params, classes):
