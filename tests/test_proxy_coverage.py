@@ -114,3 +114,15 @@ def test_pitched_stream_ordered_2d_peer_and_settings_through_the_proxy(coverage,
     if mode:
         # the restart really happened, and it gave back both allocations
         assert re.search(r"device proxy restarted \(driver suspect\).*2 allocations", got.stderr), got.stderr
+
+
+def test_managed_memory_turns_transparent_recovery_off_with_the_reason(programs, twins, tmp_path):  # noqa: F811
+    """A replay cannot reset managed memory: a job that would recover (several ranks, torchrun's
+    store named) is told once that recovery is off, and the program itself runs on unchanged."""
+    extra = {"JITCKPT_SIMDEV_KERNELS": str(twins["streams"]), "RANK": "0", "WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    got = remote(programs["streams"], "ordering", tmp_path=tmp_path, extra=extra)
+    assert got.returncode == 0 and "OK ordering" in got.stdout, show(got)
+    said = [line for line in got.stderr.splitlines() if "Transparent recovery is OFF" in line]
+    assert len(said) == 1, got.stderr
+    assert "managed memory (cudaMallocManaged), which a replay cannot reset" in said[0]
