@@ -126,3 +126,11 @@ def test_managed_memory_turns_transparent_recovery_off_with_the_reason(programs,
     said = [line for line in got.stderr.splitlines() if "Transparent recovery is OFF" in line]
     assert len(said) == 1, got.stderr
     assert "managed memory (cudaMallocManaged), which a replay cannot reset" in said[0]
+
+
+def test_registering_the_programs_memory_for_device_access_is_refused_by_name(coverage, tmp_path):
+    """cudaHostRegister's Mapped flag promises kernels the program's own pages, which the proxy cannot map."""
+    got = remote(coverage, "mapped", tmp_path=tmp_path)
+    assert got.returncode == 0 and "cudaHostRegister(Mapped): cudaErrorNotSupported" in got.stdout, show(got)
+    assert re.search(r"this call of cudaHostRegister is not supported in transparent mode \(its arguments match: "
+                     r"flags & \(cudaHostRegisterMapped", got.stderr), got.stderr

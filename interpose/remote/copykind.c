@@ -51,6 +51,7 @@ int remote_pointer_attributes_here(struct cudaPointerAttributes *attributes, con
     remote_begin_quiet(&c, 0);
     int proxy_knows = ptr != NULL && (remote_is_device_ptr(ptr) || remote_pinned_shared(ptr, 1));
     int managed = ptr != NULL && remote_pinned_is_managed(ptr);
+    int registered = ptr != NULL && remote_registered_range(ptr);
     int device = remote_current_device();
     remote_end(&c);
     if (managed) {                          /* registered host memory in the proxy; managed memory to the program */
@@ -63,6 +64,12 @@ int remote_pointer_attributes_here(struct cudaPointerAttributes *attributes, con
     if (proxy_knows)
         return -1;
     memset(attributes, 0, sizeof *attributes);
+    if (registered) {                       /* page-locked host memory to the program; no device pointer */
+        attributes->type = cudaMemoryTypeHost;
+        attributes->device = device;
+        attributes->hostPointer = (void *)ptr;
+        return cudaSuccess;
+    }
     attributes->type = cudaMemoryTypeUnregistered;
     attributes->device = -2;
     return cudaSuccess;

@@ -317,3 +317,117 @@ static cudaError_t free_region(struct rcall *c, void *ptr, int have_proxy)
         close(r.fd);
     return err;                                  /* an error the synchronisation met, as cudaFreeHost's */
 }
+
+/* ---- cudaHostRegister: the program's own memory -------------------------------------
+ * The proxy cannot map memory the program already has, so registration is
+ * this process's record only: copies from and to the range keep going
+ * through the arena, which is correct (the registration only makes them
+ * faster on a GPU).  What promises the device direct access cannot be kept
+ * across processes and is refused by name: cudaHostRegisterMapped,
+ * IoMemory and ReadOnly, and cudaHostGetDevicePointer of such a range. */
+
+struct range { uintptr_t addr; size_t size; unsigned flags; };
+static struct range *ranges;
+static size_t nranges, cap_ranges;
+
+static struct range *range_at(uintptr_t a)
+{
+    for (size_t i = 0; i < nranges; i++)
+        if (a - ranges[i].addr < ranges[i].size)
+            return &ranges[i];
+    return NULL;
+}
+
+int remote_registered_range(const void *p)
+{
+    return range_at((uintptr_t)p) != NULL;
+}
+
+EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+    if (ptr == NULL || size == 0)
+        return cudaErrorInvalidValue;
+    if (flags & (cudaHostRegisterMapped | cudaHostRegisterIoMemory | cudaHostRegisterReadOnly))
+        return remote_refuse_call("cudaHostRegister", "flags & (cudaHostRegisterMapped | cudaHostRegisterIoMemory | "
+                                  "cudaHostRegisterReadOnly): device access to the program's own memory");
+    if (flags & ~(unsigned)cudaHostRegisterPortable)
+        return cudaErrorInvalidValue;
+    struct rcall c;
+    remote_begin_quiet(&c, 0);
+    uintptr_t a = (uintptr_t)ptr;
+    cudaError_t err = cudaSuccess;
+    for (size_t i = 0; i < nranges && err == cudaSuccess; i++)
+        if (a < ranges[i].addr + ranges[i].size && ranges[i].addr < a + size)
+            err = cudaErrorHostMemoryAlreadyRegistered;
+    size_t j = upper(a);
+    if (err == cudaSuccess && ((j > 0 && a - regions[j - 1].addr < regions[j - 1].size) ||
+                               (j < nregions && regions[j].addr < a + size)))
+        err = cudaErrorHostMemoryAlreadyRegistered;         /* pinned memory of cudaHostAlloc */
+    if (err == cudaSuccess && nranges == cap_ranges) {
+        size_t n = cap_ranges ? cap_ranges * 2 : 16;
+        struct range *p = realloc(ranges, n * sizeof *p);
+        if (p == NULL)
+            err = cudaErrorMemoryAllocation;
+        else {
+            ranges = p;
+            cap_ranges = n;
+        }
+    }
+    if (err == cudaSuccess)
+        ranges[nranges++] = (struct range){a, size, flags};
+    remote_end(&c);
+    return err;
+}
+
+EXPORT cudaError_t cudaHostUnregister(void *ptr)
+{
+    struct rcall c;
+    remote_begin_quiet(&c, 0);
+    cudaError_t err = cudaErrorHostMemoryNotRegistered;
+    for (size_t i = 0; i < nranges; i++)
+        if (ranges[i].addr == (uintptr_t)ptr) {
+            ranges[i] = ranges[--nranges];
+            err = cudaSuccess;
+            break;
+        }
+    remote_end(&c);
+    return ptr == NULL ? cudaErrorInvalidValue : err;
+}
+
+EXPORT cudaError_t cudaHostGetFlags(unsigned int *pFlags, void *pHost)
+{
+    if (pFlags == NULL || pHost == NULL)
+        return cudaErrorInvalidValue;
+    struct rcall c;
+    remote_begin_quiet(&c, 0);
+    uintptr_t a = (uintptr_t)pHost;
+    size_t i = upper(a);
+    cudaError_t err = cudaErrorInvalidValue;
+    if (i > 0 && a - regions[i - 1].addr < regions[i - 1].size && !regions[i - 1].managed) {
+        *pFlags = regions[i - 1].flags & cudaHostRegisterPortable ? cudaHostAllocPortable : cudaHostAllocDefault;
+        err = cudaSuccess;
+    }                   /* (memory of cudaHostRegister has no allocation flags: cudaErrorInvalidValue, as the runtime) */
+    remote_end(&c);
+    return err;
+}
+
+/* With unified addressing, pinned memory's device pointer is its own address:
+ * so it is for the regions shared with the proxy (mapped there at the same
+ * address).  The program's own registered memory has none the device can use. */
+EXPORT cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
+{
+    if (pDevice == NULL || pHost == NULL || flags != 0)
+        return cudaErrorInvalidValue;
+    struct rcall c;
+    remote_begin_quiet(&c, 0);
+    int shared = remote_pinned_shared(pHost, 1), registered = range_at((uintptr_t)pHost) != NULL;
+    remote_end(&c);
+    if (shared) {
+        *pDevice = pHost;
+        return cudaSuccess;
+    }
+    if (registered)
+        return remote_refuse_call("cudaHostGetDevicePointer", "pHost lies in the program's own memory registered "
+                                  "with cudaHostRegister (the device proxy cannot map it)");
+    return cudaErrorInvalidValue;
+}

@@ -385,6 +385,10 @@ REMOTE: dict[str, dict] = {
     # libraries of device code loaded at run time (interpose/remote/library.c)
     # managed and registered host memory (interpose/remote/pinned.c)
     "cudaMallocManaged": dict(remote=HAND),
+    "cudaHostRegister": dict(remote=HAND),
+    "cudaHostUnregister": dict(remote=HAND),
+    "cudaHostGetFlags": dict(remote=HAND),
+    "cudaHostGetDevicePointer": dict(remote=HAND),
 }
 # NCCL: the communicator is a virtual handle; buffers are device pointers.
 NCCL_BUFFERS = {"ncclAllReduce": ("sendbuff", "recvbuff"), "ncclBroadcast": ("sendbuff", "recvbuff"),

@@ -34,6 +34,12 @@ static void restart_proxy(void)
 int main(int argc, char **argv)
 {
     int restart = argc > 1 && strcmp(argv[1], "restart") == 0;
+    if (argc > 1 && strcmp(argv[1], "mapped") == 0) {      /* device access to the program's own memory */
+        static char buf[4096];
+        printf("cudaHostRegister(Mapped): %s\n", cudaGetErrorName(cudaHostRegister(buf, sizeof buf,
+                                                                                     cudaHostRegisterMapped)));
+        return 0;
+    }
 
     /* a pitched allocation: rows of 5 ints at the runtime's pitch */
     int *pitched = NULL;
@@ -133,6 +139,37 @@ int main(int argc, char **argv)
         REQUIRE(memcmp(again, seq, sizeof seq) == 0);
         printf("peer copies over %d devices: %lld .. %lld\n", ndev, again[0], again[15]);
     }
+    /* the program's own memory, registered: async copies from and to it, flags, errors */
+    size_t nreg = 1 << 16;
+    unsigned char *own = malloc(nreg), *back2 = malloc(nreg);
+    for (size_t i = 0; i < nreg; i++)
+        own[i] = (unsigned char)(i * 7);
+    CHECK(cudaHostRegister(own, nreg, cudaHostRegisterPortable));
+    REQUIRE(cudaHostRegister(own + 100, 10, 0) == cudaErrorHostMemoryAlreadyRegistered);
+    unsigned rflags = 99;
+    REQUIRE(cudaHostGetFlags(&rflags, own) == cudaErrorInvalidValue);     /* not an allocation's */
+    cudaGetLastError();
+    unsigned char *dbuf = NULL;
+    CHECK(cudaMalloc((void **)&dbuf, nreg));
+    CHECK(cudaMemcpyAsync(dbuf, own, nreg, cudaMemcpyHostToDevice, s));
+    CHECK(cudaMemcpyAsync(back2, dbuf, nreg, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamSynchronize(s));
+    REQUIRE(memcmp(own, back2, nreg) == 0);
+    CHECK(cudaPointerGetAttributes(&attr, own));
+    REQUIRE(attr.type == cudaMemoryTypeHost);
+    CHECK(cudaHostUnregister(own));
+    REQUIRE(cudaHostUnregister(own) == cudaErrorHostMemoryNotRegistered);
+    cudaGetLastError();
+    void *pinned = NULL, *pdev = NULL;
+    CHECK(cudaHostAlloc(&pinned, 4096, cudaHostAllocPortable));
+    CHECK(cudaHostGetFlags(&rflags, pinned));
+    printf("registered memory round trip; pinned memory flags %u", rflags);
+    CHECK(cudaHostGetDevicePointer(&pdev, pinned, 0));
+    printf(", device pointer %s\n", pdev == pinned ? "the same address" : "ANOTHER address");
+    CHECK(cudaFreeHost(pinned));
+    CHECK(cudaFree(dbuf));
+    free(own);
+    free(back2);
     cudaFunction_t fn = NULL;
     printf("function of a host address that is no kernel: %s\n",
            cudaGetErrorName(cudaGetFuncBySymbol(&fn, (const void *)restart_proxy)));
