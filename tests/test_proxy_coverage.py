@@ -134,3 +134,16 @@ def test_registering_the_programs_memory_for_device_access_is_refused_by_name(co
     assert got.returncode == 0 and "cudaHostRegister(Mapped): cudaErrorNotSupported" in got.stdout, show(got)
     assert re.search(r"this call of cudaHostRegister is not supported in transparent mode \(its arguments match: "
                      r"flags & \(cudaHostRegisterMapped", got.stderr), got.stderr
+
+
+@pytest.mark.parametrize("form", ["fatbin", "cubin", "ptx"])
+def test_device_code_loaded_at_run_time_through_the_proxy(programs, twins, tmp_path, form):  # noqa: F811
+    """cudaLibraryLoadFromFile, kernel handles, their launch and their parameter layout, the unload."""
+    library = str(programs[f"library.{form}"])
+    want = direct(programs["cudart_basic"], "library", library,
+                  extra={"JITCKPT_SIMDEV_KERNELS": str(programs["twins_lib"])})
+    assert want.returncode == 0 and "OK library" in want.stdout, show(want)
+    got = remote(programs["cudart_basic"], "library", library, tmp_path=tmp_path,
+                 extra={"JITCKPT_SIMDEV_KERNELS": f"{programs['twins_lib']}:{twins['cudart_basic']}"})
+    assert got.returncode == 0 and got.stdout == want.stdout, show(got)
+    assert "is not supported in transparent mode" not in got.stderr, got.stderr

@@ -117,7 +117,7 @@ static uint32_t classify(unsigned fn)
     case RFN_cudaDeviceGetCacheConfig: case RFN_cudaDeviceGetLimit: case RFN_cudaDeviceGetStreamPriorityRange:
     case RFN_cudaGetDeviceFlags: case RFN_cudaStreamGetDevice: case RFN_cudaStreamGetId:
     case RFN_cudaStreamIsCapturing: case RFN_cudaFuncGetAttributes: case RFN_cudaPointerGetAttributes:
-    case RFN_cudaProfilerStart: case RFN_cudaProfilerStop:
+    case RFN_cudaProfilerStart: case RFN_cudaProfilerStop: case RFN_cudaLibraryGetKernelCount:
         return LOG_SKIP;
     case RFN_cudaEventCreate: case RFN_cudaEventCreateWithFlags: case RFN_cudaEventDestroy:
     case RFN_cudaStreamCreate: case RFN_cudaStreamCreateWithFlags: case RFN_cudaStreamCreateWithPriority:
@@ -127,6 +127,8 @@ static uint32_t classify(unsigned fn)
     case RFN___cudaInitModule: case RFN___cudaGetKernel: case RFN_cudaHostAlloc: case RFN_cudaMallocHost:
     case RFN_cudaFreeHost: case RFN_cudaDeviceReset: case RFN_ncclCommInitRankConfig: case RFN_ncclCommInitAll:
     case RFN_ncclCommFinalize: case RFN_cudaGetFuncBySymbol: case RFN_cudaLaunchHostFunc: case RFN_cudaStreamAddCallback:
+    case RFN_cudaLibraryLoadData: case RFN_cudaLibraryEnumerateKernels: case RFN_cudaLibraryGetKernel:
+    case RFN_cudaLibraryUnload:
         return LOG_NOREPLAY;
     default:
         return fn < RFN_count ? 0 : LOG_NOREPLAY;

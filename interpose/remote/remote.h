@@ -149,7 +149,9 @@ void remote_pinned_reshare(void);                    /* a new proxy (restart.c):
 void remote_pinned_forked(void);                     /* in a forked child: private copies, no proxy */
 int remote_pinned_is_managed(const void *p);         /* p lies in cudaMallocManaged memory */
 int remote_free_managed(void *ptr);                  /* cudaFree of managed memory, or -1: not managed */
-int remote_registered_range(const void *p);          /* p lies in memory the program cudaHostRegister'ed */
+int remote_registered_range(const void *p);
+int remote_live_libraries(void);                      /* library.c: libraries loaded and not unloaded */
+int remote_kernel_unloaded(uint64_t kernel);          /* library.c: a kernel handle of an unloaded library */          /* p lies in memory the program cudaHostRegister'ed */
 
 /* copykind.c: cudaMemcpyDefault and host-to-host copies, which the worker resolves itself */
 enum cudaMemcpyKind remote_default_kind(const void *dst, const void *src);   /* NULL: a symbol (device) */

@@ -601,6 +601,9 @@ static int32_t recreate(struct rcall *c)
         if ((err = rst_simple(c, JITCKPT_RFN_RST_ALLOC_AT, &allocs[i].addr, 8, &allocs[i].size, 8,
                               &allocs[i].device, sizeof(int), NULL, 0)))
             return err;
+    what_failed = "re-loading libraries (cudaLibraryLoadData): not supported by a restart";
+    if (remote_live_libraries() > 0)
+        return cudaErrorNotSupported;
     what_failed = "re-registering the fatbinaries, kernels and device variables";
     for (size_t i = 0; i < n_regs; i++)
         if (!regs[i].dead && (err = replay_reg(c, &regs[i])))

@@ -251,9 +251,15 @@ static cudaError_t launch(uint64_t key, int is_handle, dim3 grid, dim3 block, vo
                           cudaStream_t stream)
 {
     stream = remote_stream(stream);            /* cudaStreamPerThread: this thread's own (ptds.c) */
+    if (!is_handle && JITCKPT_VH_IS_VIRTUAL(key) && JITCKPT_VH_KIND(key) == VH_KERNEL)
+        is_handle = 1;                         /* cudaLaunchKernel of a kernel handle (a library's) */
     struct rcall c;
     if (remote_begin(&c, is_handle ? RFN___cudaLaunchKernel : RFN_cudaLaunchKernel) != 0)
         return remote_unavailable();
+    if (is_handle && remote_kernel_unloaded(key)) {
+        remote_end(&c);
+        return cudaErrorInvalidDeviceFunction;
+    }
     cudaError_t err = cudaSuccess;
     struct layout *l = layout_of(&c, key, is_handle, &err);
     if (l != NULL) {

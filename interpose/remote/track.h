@@ -32,6 +32,8 @@ void remote_track_cudaFreeAsync(void *devPtr, cudaStream_t hStream);
 void remote_track_ncclMemAlloc(void **ptr, size_t size);
 void remote_track_ncclMemFree(void *ptr);
 void remote_track_cudaDeviceReset(void);
+void remote_track_cudaLibraryUnload(cudaLibrary_t library);
+void remote_track_cudaLibraryGetKernel(cudaKernel_t *pKernel, cudaLibrary_t library, const char *name);
 void remote_track_cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr);
 void remote_track_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
                                          ncclConfig_t *config);

@@ -382,7 +382,14 @@ REMOTE: dict[str, dict] = {
     # host functions run by the worker when the stream reaches them (interpose/remote/hostfn.c)
     "cudaLaunchHostFunc": dict(remote=HAND),
     "cudaStreamAddCallback": dict(remote=HAND),
-    # libraries of device code loaded at run time (interpose/remote/library.c)
+    # libraries of device code loaded at run time (interpose/remote/library.c, proxy_server/src/library.c)
+    "cudaLibraryLoadData": dict(remote=HAND),
+    "cudaLibraryLoadFromFile": dict(remote=HAND),
+    "cudaLibraryEnumerateKernels": dict(remote=HAND),
+    "cudaLibraryGetKernel": dict(remote=GEN, handles={"library": "module"}, creates={"pKernel": "kernel"},
+                                 host_in={"name": "name ? strlen(name) + 1 : 0"}, mode="sync"),
+    "cudaLibraryGetKernelCount": dict(remote=GEN, handles={"lib": "module"}, outputs=("count",), mode="sync"),
+    "cudaLibraryUnload": dict(remote=GEN, handles={"library": "module"}, destroys=("library",), mode="sync"),
     # managed and registered host memory (interpose/remote/pinned.c)
     "cudaMallocManaged": dict(remote=HAND),
     "cudaHostRegister": dict(remote=HAND),

@@ -45,7 +45,8 @@ TRACKED = {"cudaSetDevice", "cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaS
            "cudaStreamCreateWithPriority", "cudaStreamDestroy", "cudaEventCreate", "cudaEventCreateWithFlags",
            "cudaEventDestroy", "ncclCommInitRank", "ncclCommDestroy", "ncclCommAbort", "cudaMallocPitch",
            "cudaMallocAsync", "cudaFreeAsync", "cudaDeviceReset", "ncclMemAlloc", "ncclMemFree",
-           "ncclCommInitRankConfig", "cudaGetFuncBySymbol"}
+           "ncclCommInitRankConfig", "cudaGetFuncBySymbol", "cudaLibraryUnload",
+           "cudaLibraryGetKernel"}
 # Settings of the device or of a kernel that outlive the call: the stub hands the request
 # it sent to remote_track_setting (restart.c), which sends it again to a restarted proxy.
 SETTINGS = {"cudaSetDeviceFlags", "cudaDeviceSetLimit", "cudaDeviceSetCacheConfig", "cudaFuncSetAttribute",
@@ -218,6 +219,9 @@ def proxy_dispatch_fn(function) -> str:
                          f"        return {bad_handle};")
         elif cls in ("output", "create", "out_string"):
             lines.append(f"    if (rd_flag(jr_d))\n        {p.name} = &v_{p.name};")
+    for p, (cls, _) in zip(proto.params, classes):
+        if cls == "device" and p.name == "func":     # a host stub, or a kernel handle (virtual here)
+            lines.append(f"    {p.name} = rd_func({p.name});")
     for p, (cls, _) in zip(proto.params, classes):
         if cls in ("host_in", "host_out", "host_inout"):
             which = "host_out" if cls == "host_inout" else cls       # the arena holds the bytes either way

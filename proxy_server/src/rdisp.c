@@ -111,3 +111,15 @@ void rd_put_string(struct rdisp *d, const char *s)
     if (s)
         rd_put(d, s, n);
 }
+
+/* A `func` argument (cudaFuncGetParamInfo, cudaFuncGetAttributes, ...) is a host
+ * stub, which crosses as itself, or a kernel handle, whose virtual id becomes the
+ * runtime's handle. */
+const void *rd_func(const void *func)
+{
+    uint64_t id = (uint64_t)(uintptr_t)func;
+    void *real = NULL;
+    if (JITCKPT_VH_IS_VIRTUAL(id) && JITCKPT_VH_KIND(id) == VH_KERNEL && vh_lookup(VH_KERNEL, id, &real) == 0)
+        return real;
+    return func;
+}
