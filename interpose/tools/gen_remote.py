@@ -296,6 +296,10 @@ def has_twin_stub(function) -> bool:
         function.name not in HAND_TWINS)
 
 
+# Functions no header declares that remote mode refuses by design, and why.
+REFUSED_HIDDEN = {"__cudaRegisterManagedVar": "__managed__ variables: the runtime places their storage in the "
+                                              "device proxy's memory, which the program cannot map"}
+
 # Hand-written twins (interpose/remote/special.c): the stream sits inside a structure.
 HAND_TWINS = {"cudaLaunchKernelExC"}
 
@@ -364,8 +368,14 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
     for name in sorted(others - done):
         if not name.startswith(("cuda", "__cuda", "nccl", "pnccl")) or name in hand_names:
             continue
-        reason = ("the per-thread default stream is not marshalled by remote mode yet"
-                  if name.endswith(("_ptsz", "_ptds")) else "not marshalled by remote mode yet")
+        plain = re.sub(r"_pt(sz|ds)$", "", name)
+        if name in REFUSED_HIDDEN:
+            reason = REFUSED_HIDDEN[name]
+        elif plain in functions and functions[plain].fact.refused:
+            reason = functions[plain].fact.refused       # a twin of a function refused by design (graphs)
+        else:
+            reason = ("the per-thread default stream is not marshalled by remote mode yet"
+                      if name.endswith(("_ptsz", "_ptds")) else "not marshalled by remote mode yet")
         stubs.append(refusal(name, None, reason))
         exported.append((name, "nccl" if name.startswith(("nccl", "pnccl")) else "cudart"))
         done.add(name)
