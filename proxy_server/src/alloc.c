@@ -9,16 +9,26 @@
  *                    throw-away allocation), then pitch * height in the range;
  *   cudaMallocAsync  allocated at once, in the range (a stream-ordered
  *                    allocation may be usable earlier than the program asks);
- *   cudaFreeAsync    waits for the stream, then frees (never before work
- *                    queued on the stream used it);
+ *   cudaFreeAsync    returns at once, as the runtime's does (waiting in the
+ *                    proxy could wait for ever behind a host function that
+ *                    waits for the program); the memory is freed at the next
+ *                    device-wide synchronisation (the program's
+ *                    cudaDeviceSynchronize, a restart's, a recovery's,
+ *                    validation's), when no queued work can use it any more,
+ *                    or when an allocation does not fit without it (cudaFree
+ *                    itself synchronises the device);
  *   ncclMemAlloc/ncclMemFree  device memory in the range as well. */
 
 #include "dispatch.h"
 
+#include <stdlib.h>
+
 static __typeof__(cudaMallocPitch) *rt_malloc_pitch;
 static __typeof__(cudaFree) *rt_free;
-static __typeof__(cudaStreamSynchronize) *rt_stream_sync;
 static __typeof__(cudaDeviceReset) *rt_reset;
+
+static void **deferred;          /* cudaFreeAsync's pointers, freed when the device is idle */
+static size_t ndeferred, cap_deferred;
 
 static int resolve(void)
 {
@@ -26,9 +36,37 @@ static int resolve(void)
         return 0;
     rt_malloc_pitch = (__typeof__(cudaMallocPitch) *)proxy_sym(cudart, "cudaMallocPitch");
     rt_free = (__typeof__(cudaFree) *)proxy_sym(cudart, "cudaFree");
-    rt_stream_sync = (__typeof__(cudaStreamSynchronize) *)proxy_sym(cudart, "cudaStreamSynchronize");
     rt_reset = (__typeof__(cudaDeviceReset) *)proxy_sym(cudart, "cudaDeviceReset");
-    return rt_malloc_pitch && rt_free && rt_stream_sync && rt_reset ? 0 : -1;
+    return rt_malloc_pitch && rt_free && rt_reset ? 0 : -1;
+}
+
+/* Makes the cudaFreeAsync frees, after a device-wide synchronisation (cudaFree
+ * synchronises the device itself: only an idle device frees without waiting). */
+void alloc_reap(void)
+{
+    while (ndeferred > 0)
+        devmem_free(deferred[--ndeferred]);
+}
+
+/* devmem_malloc; when it does not fit while frees wait, it synchronises and makes them first. */
+static int32_t malloc_now(void **p, size_t size)
+{
+    int32_t err = devmem_malloc(p, size);
+    if (err == cudaErrorMemoryAllocation && ndeferred > 0 && proxy_sync_all() == cudaSuccess)
+        err = devmem_malloc(p, size);
+    return err;
+}
+
+/* cudaDeviceSynchronize (the generated wire: no arguments), then the frees. */
+int32_t alloc_device_synchronize(void)
+{
+    static __typeof__(cudaDeviceSynchronize) *rt_sync;
+    if (!rt_sync && (rt_sync = (__typeof__(cudaDeviceSynchronize) *)proxy_sym(cudart, "cudaDeviceSynchronize")) == NULL)
+        return cudaErrorSymbolNotFound;
+    int32_t err = rt_sync();
+    if (err == cudaSuccess && ndeferred > 0)
+        err = proxy_sync_all();       /* the frees may be on any device: all of them must be idle */
+    return err;
 }
 
 static int32_t malloc_pitch(struct rdisp *d)
@@ -46,7 +84,7 @@ static int32_t malloc_pitch(struct rdisp *d)
     if (probe)
         rt_free(probe);
     void *p = NULL;
-    if ((err = devmem_malloc(&p, pitch * height)) != cudaSuccess)
+    if ((err = malloc_now(&p, pitch * height)) != cudaSuccess)
         return err;
     rd_put(d, &p, sizeof p);
     rd_put(d, &pitch, sizeof pitch);
@@ -64,7 +102,7 @@ static int32_t malloc_async(struct rdisp *d)
     if (rd_get_handle(d, VH_STREAM, &vid, &stream))
         return cudaErrorInvalidResourceHandle;
     void *p = NULL;
-    int32_t err = devmem_malloc(want ? &p : NULL, size);
+    int32_t err = malloc_now(want ? &p : NULL, size);
     if (err == cudaSuccess && want)
         rd_put(d, &p, sizeof p);
     return err;
@@ -79,8 +117,23 @@ static int32_t free_async(struct rdisp *d)
         return RD_BAD;
     if (rd_get_handle(d, VH_STREAM, &vid, &stream))
         return cudaErrorInvalidResourceHandle;
-    int32_t err = rt_stream_sync((cudaStream_t)stream);
-    return err != cudaSuccess ? err : devmem_free(p);
+    if (p == NULL)
+        return cudaSuccess;
+    if (!devmem_is_allocation(p))
+        return cudaErrorInvalidValue;           /* as the runtime's, at once */
+    for (size_t i = 0; i < ndeferred; i++)
+        if (deferred[i] == p)
+            return cudaErrorInvalidValue;       /* freed twice */
+    if (ndeferred == cap_deferred) {
+        size_t n = cap_deferred ? cap_deferred * 2 : 64;
+        void **q = realloc(deferred, n * sizeof *q);
+        if (q == NULL)
+            return cudaErrorMemoryAllocation;
+        deferred = q;
+        cap_deferred = n;
+    }
+    deferred[ndeferred++] = p;
+    return cudaSuccess;
 }
 
 static int32_t nccl_mem_alloc(struct rdisp *d)
@@ -92,7 +145,7 @@ static int32_t nccl_mem_alloc(struct rdisp *d)
     void *p = NULL;
     if (!want)
         return ncclInvalidArgument;
-    if (devmem_malloc(&p, size) != cudaSuccess)
+    if (malloc_now(&p, size) != cudaSuccess)
         return ncclUnhandledCudaError;
     rd_put(d, &p, sizeof p);
     return ncclSuccess;
@@ -125,6 +178,8 @@ int32_t dispatch_alloc(unsigned fn, struct rdisp *d)
     case RFN_ncclMemAlloc: return nccl_mem_alloc(d);
     case RFN_ncclMemFree: return nccl_mem_free(d);
     case RFN_cudaDeviceReset: {
+        if (ndeferred > 0)
+            proxy_sync_all();           /* makes the frees (the reset would drop the memory anyway) */
         int32_t err = rt_reset();
         devmem_after_reset();
         return err;

@@ -308,3 +308,16 @@ void devmem_after_reset(void)
         }
     }
 }
+
+/* 1 if p is the start of an allocation in the range (or the range is not in use:
+ * the runtime's own cudaMalloc, which cudaFree checks itself). */
+int devmem_is_allocation(void *p)
+{
+    init();
+    if (state != 1)
+        return 1;
+    for (size_t i = 0; i < nused; i++)
+        if (used[i].addr == (uintptr_t)p)
+            return 1;
+    return 0;
+}

@@ -91,6 +91,7 @@ int32_t devmem_free(void *ptr);
 extern pid_t proxy_worker_pid;                         /* listen.c: the worker served (0: not known yet) */
 struct jitckpt_wire *watch_wire(void);                 /* watch.c: the shared segment */
 void proxy_note_error(int32_t err);                    /* serve.c: a CUDA error the runtime did not see */
+int devmem_is_allocation(void *p);                     /* devmem.c */
 void devmem_after_reset(void);                       /* cudaDeviceReset dropped the device's memory */
 int devmem_info(uint64_t *base, uint64_t *size);   /* 1: allocations at fixed addresses */
 

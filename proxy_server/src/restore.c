@@ -80,6 +80,8 @@ static int32_t sync_all(void)
         if ((err = r_set_device(i)) == cudaSuccess)
             err = r_sync();
     r_set_device(cur);
+    if (err == cudaSuccess)
+        alloc_reap();           /* every stream has passed its cudaFreeAsync points (alloc.c) */
     return err;
 }
 

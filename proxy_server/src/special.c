@@ -244,6 +244,7 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
     case RFN_cudaFree: return free_in_range(d);
     case RFN_cudaMallocPitch: case RFN_cudaMallocAsync: case RFN_cudaFreeAsync: case RFN_cudaDeviceReset:
     case RFN_ncclMemAlloc: case RFN_ncclMemFree: return dispatch_alloc(fn, d);      /* alloc.c */
+    case RFN_cudaDeviceSynchronize: return alloc_device_synchronize();            /* alloc.c: and its frees */
     case RFN_ncclCommInitAll: return dispatch_nccl_init_all(d);                   /* nccl_init.c */
     case RFN_cudaLaunchHostFunc: case RFN_cudaStreamAddCallback: return dispatch_hostfn(fn, d);  /* hostfn.c */
     case RFN_cudaLibraryLoadData: case RFN_cudaLibraryEnumerateKernels: return dispatch_library(fn, d);  /* library.c */

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -19,6 +20,13 @@
     fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #x, cudaGetErrorName(e_)); return 1; } } while (0)
 #define REQUIRE(c) do { if (!(c)) { fprintf(stderr, "%s:%d: requirement failed: %s\n", __FILE__, __LINE__, #c); \
     return 1; } } while (0)
+
+static void CUDART_CB wait_for_main(void *arg)       /* a host function that waits for the program */
+{
+    volatile int *open = arg;
+    while (!*open)
+        usleep(1000);
+}
 
 static void restart_proxy(void)
 {
@@ -88,6 +96,18 @@ int main(int argc, char **argv)
     REQUIRE(memcmp(got, seq, sizeof got) == 0);
     CHECK(cudaFreeAsync(pooled, s));
     CHECK(cudaStreamSynchronize(s));
+    /* cudaFreeAsync returns while a host function holds its stream (one that waits
+     * for this thread: waiting for the stream there would wait for ever) */
+    static volatile int open;
+    void *held = NULL;
+    CHECK(cudaMallocAsync(&held, 256, s));
+    CHECK(cudaLaunchHostFunc(s, wait_for_main, (void *)&open));
+    CHECK(cudaFreeAsync(held, s));
+    open = 1;
+    CHECK(cudaStreamSynchronize(s));
+    REQUIRE(cudaFreeAsync(pooled, s) != cudaSuccess);          /* freed already */
+    cudaGetLastError();
+    printf("cudaFreeAsync behind a waiting host function: returned\n");
     printf("stream-ordered allocation: %lld .. %lld\n", got[0], got[15]);
 
     CHECK(cudaDeviceGetLimit(&heap, cudaLimitMallocHeapSize));
