@@ -12,6 +12,8 @@ GPU could confirm is listed in proxy_server/README.md.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import subprocess
 import time
@@ -147,3 +149,61 @@ def test_device_code_loaded_at_run_time_through_the_proxy(programs, twins, tmp_p
                  extra={"JITCKPT_SIMDEV_KERNELS": f"{programs['twins_lib']}:{twins['cudart_basic']}"})
     assert got.returncode == 0 and got.stdout == want.stdout, show(got)
     assert "is not supported in transparent mode" not in got.stderr, got.stderr
+
+
+PASSTHROUGH_SRC = Path(__file__).resolve().parent / "interpose_programs" / "passthrough.cu"
+
+
+@pytest.fixture(scope="module")
+def passthrough(proxy) -> dict[str, Path]:  # noqa: F811
+    """tests/interpose_programs/passthrough.cu (cudaLaunchKernelExC, event records with flags, 2D copies,
+    an all-reduce per round), built default and per-thread, and as twins for the proxy; cached by source."""
+    from native_toolchain import NCCL_WHEEL
+
+    source = PASSTHROUGH_SRC.read_bytes() + (PASSTHROUGH_SRC.parent / "common.h").read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:12]
+    out_dir = PROXY.parent / "test-twins" / f"passthrough-{digest}"
+    flags = {"passthrough": [], "passthrough_ptds": ["--default-stream", "per-thread"],
+             "twins.so": ["-shared", "-Xcompiler", "-fPIC"]}
+    if not (out_dir / "complete").exists():
+        work = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+        work.mkdir(parents=True, exist_ok=True)
+        for name, extra in flags.items():
+            proc = subprocess.run(["nvcc", "-cudart", "shared", "-std=c++17", *extra, "-o", str(work / name),
+                                   str(PASSTHROUGH_SRC), "-I", str(NCCL_WHEEL / "include"),
+                                   "-L", str(NCCL_WHEEL / "lib"), "-l:libnccl.so.2"], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stderr
+        (work / "complete").touch()
+        try:
+            work.rename(out_dir)
+        except OSError:       # another session built it first
+            pass
+    return {name: out_dir / name for name in flags}
+
+
+@pytest.mark.parametrize("build", ["passthrough", "passthrough_ptds"])
+def test_ddp_shaped_program_with_launch_attributes_api_ends_the_same_through_the_proxy(passthrough, tmp_path,
+                                                                                        build):
+    """2 ranks: cudaLaunchKernelEx, cudaEventRecordWithFlags, 2D copies and sets, an all-reduce on the
+    legacy stream and on a stream of its own; the parameters' hash equals the direct run's."""
+    def ranks(through_proxy: bool) -> list[subprocess.CompletedProcess]:
+        id_file = tmp_path / f"id-{build}-{through_proxy}"
+        procs = []
+        for rank in range(2):
+            e = env({"RANK": str(rank), "WORLD_SIZE": "2", "JITCKPT_TEST_ID_FILE": str(id_file),
+                     "JITCKPT_SIMDEV_KERNELS": str(passthrough["twins.so"])})
+            cmd = [str(passthrough[build])]
+            if through_proxy:
+                cmd = [str(PROXY), "--socket", str(tmp_path / f"{build}-{rank}.sock"), "--", *cmd]
+            procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        done = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        return done
+
+    want, got = ranks(False), ranks(True)
+    for w, g in zip(want, got):
+        assert w.returncode == 0 and "RESULT " in w.stdout, show(w)
+        assert g.returncode == 0 and g.stdout == w.stdout, show(g)
+        assert "is not supported in transparent mode" not in g.stderr, g.stderr
