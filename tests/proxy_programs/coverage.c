@@ -132,6 +132,15 @@ int main(int argc, char **argv)
     CHECK(cudaStreamGetDevice(s, &sdev));
     enum cudaStreamCaptureStatus cap;
     CHECK(cudaStreamIsCapturing(s, &cap));
+    enum cudaStreamCaptureStatus cap2 = cudaStreamCaptureStatusActive;
+    unsigned long long capture_id = 0;
+    CHECK(cudaStreamGetCaptureInfo(s, &cap2, &capture_id, NULL, NULL, NULL, NULL));   /* what PyTorch asks */
+    REQUIRE(cap2 == cudaStreamCaptureStatusNone);
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    REQUIRE(mode == cudaStreamCaptureModeGlobal);
+    CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    REQUIRE(mode == cudaStreamCaptureModeRelaxed);
     struct cudaPointerAttributes attr;
     CHECK(cudaPointerGetAttributes(&attr, pitched));
     REQUIRE(attr.type == cudaMemoryTypeDevice && attr.devicePointer == pitched);
