@@ -54,14 +54,14 @@ def test_emulator_program_prints_the_same_through_the_proxy(programs, twins, tmp
     assert "is not supported in transparent mode" not in got.stderr, got.stderr
 
 
-def run_ranks(binary: Path, cmd: str, world: int, tmp_path: Path, through_proxy: bool,
+def run_ranks(binary: Path, args: list[str], world: int, tmp_path: Path, through_proxy: bool,
               extra: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
-    """tests/emulator_programs/nccl_ranks.cu, one process per rank (rank 0 publishes the NCCL id in a file)."""
-    id_file = tmp_path / f"nccl-id-{cmd}-{through_proxy}-{time.monotonic_ns()}"
+    """One process per rank, directly or each behind its own proxy (rank 0 publishes the NCCL id in a file)."""
+    id_file = tmp_path / f"nccl-id-{binary.name}-{through_proxy}-{time.monotonic_ns()}"
     procs = []
     for rank in range(world):
         e = env({"RANK": str(rank), "WORLD_SIZE": str(world), "JITCKPT_TEST_ID_FILE": str(id_file), **(extra or {})})
-        cmdline = [str(binary), cmd]
+        cmdline = [str(binary), *args]
         if through_proxy:
             cmdline = [str(PROXY), "--socket", str(tmp_path / f"rank{rank}-{time.monotonic_ns()}.sock"), "--",
                        *cmdline]
@@ -84,8 +84,8 @@ def run_ranks(binary: Path, cmd: str, world: int, tmp_path: Path, through_proxy:
 ])
 def test_nccl_program_prints_the_same_through_the_proxy(programs, proxy, tmp_path, cmd, world,  # noqa: F811
                                                         extra):
-    want = run_ranks(programs["nccl_ranks"], cmd, world, tmp_path, False, extra)
-    got = run_ranks(programs["nccl_ranks"], cmd, world, tmp_path, True, extra)
+    want = run_ranks(programs["nccl_ranks"], [cmd], world, tmp_path, False, extra)
+    got = run_ranks(programs["nccl_ranks"], [cmd], world, tmp_path, True, extra)
     for rank, (w, g) in enumerate(zip(want, got)):
         assert w.returncode == 0, show(w)
         assert g.returncode == 0, show(g)
@@ -186,23 +186,9 @@ def test_ddp_shaped_program_with_launch_attributes_api_ends_the_same_through_the
                                                                                         build):
     """2 ranks: cudaLaunchKernelEx, cudaEventRecordWithFlags, 2D copies and sets, an all-reduce on the
     legacy stream and on a stream of its own; the parameters' hash equals the direct run's."""
-    def ranks(through_proxy: bool) -> list[subprocess.CompletedProcess]:
-        id_file = tmp_path / f"id-{build}-{through_proxy}"
-        procs = []
-        for rank in range(2):
-            e = env({"RANK": str(rank), "WORLD_SIZE": "2", "JITCKPT_TEST_ID_FILE": str(id_file),
-                     "JITCKPT_SIMDEV_KERNELS": str(passthrough["twins.so"])})
-            cmd = [str(passthrough[build])]
-            if through_proxy:
-                cmd = [str(PROXY), "--socket", str(tmp_path / f"{build}-{rank}.sock"), "--", *cmd]
-            procs.append(subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        done = []
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-        return done
-
-    want, got = ranks(False), ranks(True)
+    extra = {"JITCKPT_SIMDEV_KERNELS": str(passthrough["twins.so"])}
+    want = run_ranks(passthrough[build], [], 2, tmp_path, False, extra)
+    got = run_ranks(passthrough[build], [], 2, tmp_path, True, extra)
     for w, g in zip(want, got):
         assert w.returncode == 0 and "RESULT " in w.stdout, show(w)
         assert g.returncode == 0 and g.stdout == w.stdout, show(g)
