@@ -41,6 +41,9 @@ def same_output(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) 
     # managed memory, host functions, events, the per-thread default stream (the _ptds build)
     *[(build, cmd) for build in ("streams", "streams_ptds")
       for cmd in ("ordering", "events", "legacy", "nonblocking", "per_thread", "async_alloc")],
+    # stream capture across streams, graph launches, the capture rules (a query of a captured event,
+    # a capture ended on the wrong thread)
+    ("graphs", "capture"), ("graphs", "captured_event"), ("graphs", "rules"),
 ])
 def test_emulator_program_prints_the_same_through_the_proxy(programs, twins, tmp_path,  # noqa: F811
                                                             program, cmd):
@@ -78,6 +81,7 @@ def run_ranks(binary: Path, args: list[str], world: int, tmp_path: Path, through
     ("determinism", 3, {}),
     ("nonblocking", 3, {}),                         # ncclCommInitRankConfig with blocking = 0
     ("initall", 1, {"JITCKPT_SIMDEV_DEVICES": "2"}),  # ncclCommInitAll over two devices in one process
+    ("graph", 2, {}),                               # collectives captured in a graph
     # argument errors: NCCL returns them at once; through the proxy an asynchronous
     # call's error comes back from the next synchronous call, unless every call waits
     ("bad_args", 1, {"JITCKPT_REMOTE_SYNC": "1"}),
@@ -193,3 +197,13 @@ def test_ddp_shaped_program_with_launch_attributes_api_ends_the_same_through_the
         assert w.returncode == 0 and "RESULT " in w.stdout, show(w)
         assert g.returncode == 0 and g.stdout == w.stdout, show(g)
         assert "is not supported in transparent mode" not in g.stderr, g.stderr
+
+
+def test_graph_capture_turns_transparent_recovery_off_with_the_reason(programs, twins, tmp_path):  # noqa: F811
+    """Captured work bypasses the call log: a job that would recover is told once that recovery is off."""
+    extra = {"JITCKPT_SIMDEV_KERNELS": str(twins["graphs"]), "RANK": "0", "WORLD_SIZE": "2",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    got = remote(programs["graphs"], "capture", tmp_path=tmp_path, extra=extra)
+    assert got.returncode == 0 and "OK capture" in got.stdout, show(got)
+    said = [line for line in got.stderr.splitlines() if "Transparent recovery is OFF" in line]
+    assert len(said) == 1 and "captures CUDA graphs" in said[0], got.stderr

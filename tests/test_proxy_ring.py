@@ -130,7 +130,7 @@ def test_only_calls_with_nothing_to_answer_are_posted_without_waiting():
                       "cudaEventRecord", "cudaStreamWaitEvent", "ncclGroupStart", "ncclGroupEnd",
                       # stream-ordered copies and sets, the attribute launch, an event record with flags
                       "cudaMemcpy2DAsync", "cudaMemset2DAsync", "cudaMemcpyPeerAsync", "cudaMemcpyToSymbolAsync",
-                      "cudaMemcpyFromSymbolAsync", "cudaLaunchKernelExC", "cudaEventRecordWithFlags",
+                      "cudaMemcpyFromSymbolAsync", "cudaLaunchKernelExC", "cudaEventRecordWithFlags", "cudaGraphLaunch",
                       *api_facts.NCCL_BUFFERS}
     facts = dict(api_facts.FACTS)
     facts["cudaMalloc"] = dataclasses.replace(facts["cudaMalloc"], remote_async=True)

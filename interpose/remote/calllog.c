@@ -128,7 +128,9 @@ static uint32_t classify(unsigned fn)
     case RFN_cudaFreeHost: case RFN_cudaDeviceReset: case RFN_ncclCommInitRankConfig: case RFN_ncclCommInitAll:
     case RFN_ncclCommFinalize: case RFN_cudaGetFuncBySymbol: case RFN_cudaLaunchHostFunc: case RFN_cudaStreamAddCallback:
     case RFN_cudaLibraryLoadData: case RFN_cudaLibraryEnumerateKernels: case RFN_cudaLibraryGetKernel:
-    case RFN_cudaLibraryUnload:
+    case RFN_cudaLibraryUnload: case RFN_cudaStreamBeginCapture: case RFN_cudaStreamEndCapture:
+    case RFN_cudaGraphInstantiate: case RFN_cudaGraphInstantiateWithFlags: case RFN_cudaGraphLaunch:
+    case RFN_cudaGraphExecDestroy: case RFN_cudaGraphDestroy:
         return LOG_NOREPLAY;
     default:
         return fn < RFN_count ? 0 : LOG_NOREPLAY;

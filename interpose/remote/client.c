@@ -517,7 +517,7 @@ int32_t remote_call(struct rcall *c)
         return c->ret = cudaErrorNotSupported;
     }
     unsigned fn = c->w->fn;
-    int async = fn < RFN_count && remote_fn_async[fn] && !c->has_out && !remote_sync_all;
+    int async = fn < RFN_count && remote_fn_async[fn] && !c->has_out && !remote_sync_all && !remote_capturing_now();
     uint64_t end = append(c, async ? 0 : JITCKPT_REC_SYNC);
     if (end == 0) {
         if (remote_proxy_lost && c->log)

@@ -54,8 +54,8 @@ static void *reserve(struct rcall *c, const void *host, size_t n, int out, int *
          * to know whether the program already saw its bytes (recovery on: the
          * replay never writes the program's buffer, README "Pinned host memory"),
          * or every call waits (JITCKPT_REMOTE_SYNC=1). */
-        if (out && (remote_sync_all || remote_recovery_enabled()))
-            off |= JITCKPT_WIRE_PINNED_COMPLETE;
+        if (out && !remote_capturing_now() && (remote_sync_all || remote_recovery_active()))
+            off |= JITCKPT_WIRE_PINNED_COMPLETE;     /* (a captured copy runs only at the graph's launch) */
     } else if (n && (p = remote_arena_alloc(c, n, &off)) == NULL) {
         c->overflow = 1;
         size = 0;

@@ -110,6 +110,12 @@ int remote_recovery_enabled(void)
     return enabled;
 }
 
+int remote_recovery_active(void)
+{
+    configure();
+    return enabled && !invalid;
+}
+
 /* client.c: whether a wait of the recovery's or validation's own calls watches for a failure. */
 static int validate_starting;    /* remote_validate_begin: a failure there is an ordinary one */
 

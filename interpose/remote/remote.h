@@ -112,6 +112,7 @@ extern int remote_skipping;                          /* recover.c: the rest of a
 
 /* recover.c */
 int remote_recovery_enabled(void);
+int remote_recovery_active(void);                    /* enabled, and not turned off since (validation, managed, graphs) */
 int remote_recovery_watch_protocol(void);            /* a protocol call's wait watches for a second failure */
 int remote_recovery_check(void);                     /* under the call lock: 1 if a failure needs recovery */
 int32_t remote_recover(struct rcall *c, const char *why, int memory_lost, int pending_logged);
@@ -151,7 +152,11 @@ int remote_pinned_is_managed(const void *p);         /* p lies in cudaMallocMana
 int remote_free_managed(void *ptr);                  /* cudaFree of managed memory, or -1: not managed */
 int remote_registered_range(const void *p);
 int remote_live_libraries(void);                      /* library.c: libraries loaded and not unloaded */
-int remote_kernel_unloaded(uint64_t kernel);          /* library.c: a kernel handle of an unloaded library */          /* p lies in memory the program cudaHostRegister'ed */
+int remote_kernel_unloaded(uint64_t kernel);          /* library.c: a kernel handle of an unloaded library */
+int remote_capturing_now(void);                       /* graphs.c: a capture is under way: every call waits */
+long remote_live_graphs(void);                        /* graphs.c: graphs and executable graphs alive */
+void remote_capture_ended(cudaStream_t stream, cudaError_t ret, cudaGraph_t *pGraph);   /* graphs.c */
+int remote_capture_end_check(cudaStream_t stream);   /* graphs.c: -1, or the error of ending on this thread */          /* p lies in memory the program cudaHostRegister'ed */
 
 /* copykind.c: cudaMemcpyDefault and host-to-host copies, which the worker resolves itself */
 enum cudaMemcpyKind remote_default_kind(const void *dst, const void *src);   /* NULL: a symbol (device) */

@@ -604,6 +604,9 @@ static int32_t recreate(struct rcall *c)
     what_failed = "re-loading libraries (cudaLibraryLoadData): not supported by a restart";
     if (remote_live_libraries() > 0)
         return cudaErrorNotSupported;
+    what_failed = "re-making CUDA graphs (captured work): not supported by a restart";
+    if (remote_live_graphs() > 0)
+        return cudaErrorNotSupported;
     what_failed = "re-registering the fatbinaries, kernels and device variables";
     for (size_t i = 0; i < n_regs; i++)
         if (!regs[i].dead && (err = replay_reg(c, &regs[i])))

@@ -333,20 +333,9 @@ EXPORT cudaError_t cudaGetKernel(cudaKernel_t *kernelPtr, const void *entryFuncA
     return __cudaGetKernel(kernelPtr, entryFuncAddr);
 }
 
-/* ---- stream capture queries --------------------------------------------------------
- * Capture is refused in transparent mode (api_facts.py, NO_GRAPHS), so no stream is
- * ever capturing: the answer needs only a valid stream, which the proxy checks. */
-
-EXPORT cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus *captureStatus_out,
-                                            unsigned long long *id_out, cudaGraph_t *graph_out,
-                                            const cudaGraphNode_t **dependencies_out,
-                                            const cudaGraphEdgeData **edgeData_out, size_t *numDependencies_out)
-{
-    (void)id_out; (void)graph_out; (void)dependencies_out; (void)edgeData_out; (void)numDependencies_out;
-    if (captureStatus_out == NULL)
-        return cudaErrorInvalidValue;
-    return cudaStreamIsCapturing(stream, captureStatus_out);    /* the other outputs: only while capturing */
-}
+/* ---- the calling thread's capture mode ---------------------------------------------
+ * Kept in the worker: the proxy's one thread keeps the mode each capture began
+ * with (proxy_server/README.md, "API coverage"). */
 
 static __thread enum cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
 

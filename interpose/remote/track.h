@@ -33,6 +33,14 @@ void remote_track_ncclMemAlloc(void **ptr, size_t size);
 void remote_track_ncclMemFree(void *ptr);
 void remote_track_cudaDeviceReset(void);
 void remote_track_cudaLibraryUnload(cudaLibrary_t library);
+/* graphs.c */
+void remote_track_cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode);
+void remote_track_cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *pGraph);
+void remote_track_cudaGraphInstantiate(cudaGraphExec_t *pGraphExec, cudaGraph_t graph, unsigned long long flags);
+void remote_track_cudaGraphInstantiateWithFlags(cudaGraphExec_t *pGraphExec, cudaGraph_t graph,
+                                                unsigned long long flags);
+void remote_track_cudaGraphExecDestroy(cudaGraphExec_t graphExec);
+void remote_track_cudaGraphDestroy(cudaGraph_t graph);
 void remote_track_cudaLibraryGetKernel(cudaKernel_t *pKernel, cudaLibrary_t library, const char *name);
 void remote_track_cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr);
 void remote_track_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,

@@ -98,6 +98,8 @@ dispatch, ``gen_interpose.py --remote``; see ``proxy_server/README.md``):
 ``local_h2h``
     A host-to-host copy is made in the worker after synchronising this
     stream expression (``"0"``: the legacy default stream).
+``after``
+    A C statement run after the call, whatever its result (``jr_ret``).
 ``answer_locally``
     A C expression the stub returns first when it is not ``-1``: the
     worker's own answer (cudaPointerGetAttributes of memory the proxy
@@ -149,6 +151,7 @@ class Fact:
     out_strings: tuple[str, ...] = ()
     remote_check: str = ""
     remote_async: bool = False
+    after: str = ""
     host_inout: Mapping[str, str] = field(default_factory=dict)
     default_kind: tuple[str, ...] = ()
     local_h2h: str = ""
@@ -161,7 +164,8 @@ class Fact:
 
 STREAM = {"stream": "stream"}
 H2D = "kind == cudaMemcpyHostToDevice"
-NO_GRAPHS = "CUDA graphs: captured work would bypass transparent mode's call log and replay"
+NO_GRAPHS = ("CUDA graphs built other than by stream capture (to an existing graph, with instantiation "
+             "parameters) are not marshalled by remote mode")
 
 CUDART: dict[str, Fact] = {
     # events and stream waits: the watch-list (event_watch.c)
@@ -196,7 +200,8 @@ CUDART: dict[str, Fact] = {
         prototype="cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, "
                   "void **args, size_t sharedMem, cudaStream_t stream)",
         per_thread="__cudaLaunchKernel_ptsz"),
-    # graph capture and graphs (capture.c).  Transparent mode cannot put graphs in its call log yet.
+    # graph capture and graphs (capture.c).  Transparent mode runs stream capture and graph launches
+    # (REMOTE below: interpose/remote/graphs.c); the rest of graph construction it refuses.
     "cudaStreamBeginCapture": Fact(hook="capture_begin", handles=STREAM, mode="sync", refused=NO_GRAPHS),
     "cudaStreamBeginCaptureToGraph": Fact(hook="capture_begin_to_graph", handles={"graph": "graph", **STREAM},
                                           mode="sync", refused=NO_GRAPHS),
@@ -338,7 +343,16 @@ REMOTE: dict[str, dict] = {
     "cudaStreamGetDevice": dict(remote=GEN, handles={"hStream": "stream"}, outputs=("device",), mode="sync"),
     "cudaStreamGetId": dict(remote=GEN, handles={"hStream": "stream"}, outputs=("streamId",), mode="sync"),
     "cudaStreamIsCapturing": dict(remote=GEN, handles=STREAM, outputs=("pCaptureStatus",), mode="sync"),
-    # Capture is refused, so no stream is ever capturing: answered in the worker (special.c).
+    # graphs and stream capture (interpose/remote/graphs.c): run through the proxy; recovery is off
+    # for a job that captures (a replay cannot redo captured work, a restart cannot re-make graphs)
+    "cudaStreamBeginCapture": dict(remote=GEN, refused=""),
+    "cudaStreamEndCapture": dict(remote=GEN, refused="", answer_locally="remote_capture_end_check(stream)",
+                                 after="remote_capture_ended(stream, jr_ret, pGraph)"),
+    "cudaGraphInstantiate": dict(remote=GEN, refused=""),
+    "cudaGraphInstantiateWithFlags": dict(remote=GEN, refused=""),
+    "cudaGraphLaunch": dict(remote=GEN, refused="", remote_async=True),
+    "cudaGraphExecDestroy": dict(remote=GEN, refused="", handles={"graphExec": "graph_exec"}),
+    "cudaGraphDestroy": dict(remote=GEN, refused="", handles={"graph": "graph"}),
     "cudaStreamGetCaptureInfo": dict(remote=HAND),
     "cudaThreadExchangeStreamCaptureMode": dict(remote=HAND),
     "cudaEventRecordWithFlags": dict(remote=GEN, remote_async=True),

@@ -46,7 +46,8 @@ TRACKED = {"cudaSetDevice", "cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaS
            "cudaEventDestroy", "ncclCommInitRank", "ncclCommDestroy", "ncclCommAbort", "cudaMallocPitch",
            "cudaMallocAsync", "cudaFreeAsync", "cudaDeviceReset", "ncclMemAlloc", "ncclMemFree",
            "ncclCommInitRankConfig", "cudaGetFuncBySymbol", "cudaLibraryUnload",
-           "cudaLibraryGetKernel"}
+           "cudaLibraryGetKernel", "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
+           "cudaGraphInstantiateWithFlags", "cudaGraphExecDestroy", "cudaGraphDestroy"}
 # Settings of the device or of a kernel that outlive the call: the stub hands the request
 # it sent to remote_track_setting (restart.c), which sends it again to a restarted proxy.
 SETTINGS = {"cudaSetDeviceFlags", "cudaDeviceSetLimit", "cudaDeviceSetCacheConfig", "cudaFuncSetAttribute",
@@ -181,6 +182,8 @@ def worker_stub(function, rfn: str) -> str:
             lines.append(f"    if ({ok} && {p.name} != NULL)\n        rc_get_handle(&jr_c, (void **){p.name});")
         elif cls == "out_string":
             lines.append(f"    if ({ok} && {p.name} != NULL)\n        *{p.name} = rc_get_string(&jr_c);")
+    if fact.after:
+        lines.append(f"    {fact.after};")
     if function.name in TRACKED:       # what a proxy restart re-creates (remote/restart.c)
         lines.append(f"    if ({ok})\n        remote_track_{function.name}("
                      + ", ".join(p.name for p in proto.params) + ");")

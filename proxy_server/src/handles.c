@@ -98,7 +98,7 @@ uint64_t vh_insert(int kind, void *real)
         expected[kind] = 0;
         return vh_bind(kind, vid, real) == 0 ? vid : 0;
     }
-    if (kind == VH_KERNEL || kind == VH_MODULE) {
+    if (kind == VH_KERNEL || kind == VH_MODULE || kind == VH_GRAPH) {   /* a graph: the capture's, then its result */
         uint64_t vid = find_real(t, real);
         if (vid)
             return vid;

@@ -248,6 +248,7 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
     case RFN_ncclCommInitAll: return dispatch_nccl_init_all(d);                   /* nccl_init.c */
     case RFN_cudaLaunchHostFunc: case RFN_cudaStreamAddCallback: return dispatch_hostfn(fn, d);  /* hostfn.c */
     case RFN_cudaLibraryLoadData: case RFN_cudaLibraryEnumerateKernels: return dispatch_library(fn, d);  /* library.c */
+    case RFN_cudaStreamGetCaptureInfo: return dispatch_capture_info(d);           /* graphs.c */
     case RFN_ncclGetLastError: return dispatch_nccl_last_error(d);               /* nccl_init.c */
     case RFN___cudaRegisterFatBinary: return register_fatbinary(d);
     case RFN___cudaRegisterFunction: return register_function(d);

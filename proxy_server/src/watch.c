@@ -139,7 +139,12 @@ static uint64_t need_of_stream(uint64_t vid)
 /* ---- the record being executed (main thread) ---------------------------------------- */
 
 enum fn_kind { K_OTHER, K_COLL, K_GROUP_START, K_GROUP_END, K_EVENT_RECORD, K_STREAM_WAIT, K_WORK, K_COMM_INIT,
-               K_COMM_GONE };
+               K_COMM_GONE, K_CAPTURE_BEGIN, K_CAPTURE_END };
+/* Captures under way (main thread writes, the watcher reads).  While one is,
+ * nothing here records or queries an event: an event recorded in a capturing
+ * stream becomes part of the graph, and querying one invalidates the capture
+ * (tests/emulator_programs/graphs.cu, captured_event). */
+static int capturing;
 static unsigned char kinds[RFN_count];
 static int kinds_ready;
 
@@ -170,6 +175,10 @@ static void classify(void)
             kinds[fn] = K_COMM_INIT;
         else if (strcmp(n, "ncclCommDestroy") == 0 || strcmp(n, "ncclCommAbort") == 0)
             kinds[fn] = K_COMM_GONE;
+        else if (strcmp(n, "cudaStreamBeginCapture") == 0)
+            kinds[fn] = K_CAPTURE_BEGIN;
+        else if (strcmp(n, "cudaStreamEndCapture") == 0)
+            kinds[fn] = K_CAPTURE_END;
     }
     kinds[RFN_cudaLaunchKernel] = K_WORK;
     kinds[RFN___cudaLaunchKernel] = K_WORK;
@@ -251,6 +260,8 @@ static void mark_stream(uint64_t vid, void *real, void *arg)
 
 void watch_mark(uint64_t index)
 {
+    if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
+        return;
     pthread_mutex_lock(&mu);
     if (mark_head - mark_tail == MAX_MARKERS) {        /* the device is far behind: the oldest counts as done */
         struct marker *o = &markers[mark_tail % MAX_MARKERS];
@@ -358,6 +369,8 @@ int watch_handle(int kind, uint64_t vid)
 
 static void record_collective(uint64_t stream_vid)
 {
+    if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
+        return;                 /* (not watched: recovery is off for a job that captures) */
     void *real = NULL;
     if (vh_lookup(VH_STREAM, stream_vid, &real) != 0)
         return;
@@ -396,6 +409,15 @@ void watch_after(unsigned fn, int32_t ret)
     case K_GROUP_START:
         if (ret == 0)
             group_depth++;
+        break;
+    case K_CAPTURE_BEGIN:
+        if (ret == 0)
+            __atomic_add_fetch(&capturing, 1, __ATOMIC_SEQ_CST);
+        break;
+    case K_CAPTURE_END:       /* ends the capture, unless there was none */
+        if (ret != cudaErrorIllegalState && ret != cudaErrorInvalidResourceHandle && ret != cudaErrorInvalidValue &&
+            __atomic_load_n(&capturing, __ATOMIC_SEQ_CST) > 0)
+            __atomic_sub_fetch(&capturing, 1, __ATOMIC_SEQ_CST);
         break;
     case K_GROUP_END:
         if (group_depth > 0 && --group_depth == 0) {
@@ -495,8 +517,10 @@ static void *watcher(void *arg)
         struct timespec t = {0, WATCH_MS * 1000000L};
         nanosleep(&t, NULL);
         pthread_mutex_lock(&mu);
-        poll_colls();
-        poll_markers();
+        if (!__atomic_load_n(&capturing, __ATOMIC_SEQ_CST)) {
+            poll_colls();
+            poll_markers();
+        }
         if (__atomic_load_n(&W->comm_error, __ATOMIC_SEQ_CST) == 0)
             for (int i = 0; i < n_comms; i++) {
                 ncclResult_t r = ncclSuccess;

@@ -4,10 +4,10 @@
  *
  * Usage: handles <show|refused|roundtrip|exit_early>
  *   show       prints a stream's, an event's and an allocation's value
- *   refused    calls cudaStreamBeginCapture (graphs are refused by design) and
- *              cudaMemcpy2D from host to host (a refused call), prints the
- *              errors; and cudaMemcpy with cudaMemcpyDefault (resolved by the
- *              worker), prints the value copied
+ *   refused    calls cudaMallocArray (not marshalled; a weak import, as the
+ *              emulator has none) and cudaMemcpy2D from host to host (a
+ *              refused call), prints the errors; and cudaMemcpy with
+ *              cudaMemcpyDefault (resolved by the worker), prints the value
  *   roundtrip  copies 1 MiB there and back through a stream, checks it
  *   exit_early exits in the middle, with work queued and memory allocated
  *   rate N     N asynchronous calls (cudaEventRecord), prints calls per second */
@@ -19,6 +19,8 @@
 #include <time.h>
 
 #include <cuda_runtime_api.h>
+
+extern __typeof__(cudaMallocArray) cudaMallocArray __attribute__((weak));
 
 #define CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorName(e_)); return 1; } } while (0)
@@ -47,10 +49,10 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "refused") == 0) {
         void *d = NULL;
         int h = 0, one = 1, rows[4] = {1, 2, 3, 4}, to[4] = {0};
-        cudaStream_t s;
-        CHECK(cudaStreamCreate(&s));
-        printf("cudaStreamBeginCapture: %s\n",
-               cudaGetErrorName(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal)));
+        cudaArray_t array = NULL;
+        struct cudaChannelFormatDesc desc = {32, 0, 0, 0, cudaChannelFormatKindFloat};
+        printf("cudaMallocArray: %s\n", cudaMallocArray ? cudaGetErrorName(cudaMallocArray(&array, &desc, 4, 4, 0))
+                                                        : "(not in this runtime)");
         printf("cudaMemcpy2D(HostToHost): %s\n",
                cudaGetErrorName(cudaMemcpy2D(to, 8, rows, 8, 4, 2, cudaMemcpyHostToHost)));
         CHECK(cudaMalloc(&d, 64));
