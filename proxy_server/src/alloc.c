@@ -9,6 +9,8 @@
  *                    throw-away allocation), then pitch * height in the range;
  *   cudaMallocAsync  allocated at once, in the range (a stream-ordered
  *                    allocation may be usable earlier than the program asks);
+ *                    on a capturing stream the runtime's own (a memory node
+ *                    of the graph; graphs are not restartable anyway);
  *   cudaFreeAsync    returns at once, as the runtime's does (waiting in the
  *                    proxy could wait for ever behind a host function that
  *                    waits for the program); the memory is freed at the next
@@ -26,6 +28,9 @@
 static __typeof__(cudaMallocPitch) *rt_malloc_pitch;
 static __typeof__(cudaFree) *rt_free;
 static __typeof__(cudaDeviceReset) *rt_reset;
+static __typeof__(cudaStreamIsCapturing) *rt_is_capturing;
+static __typeof__(cudaMallocAsync) *rt_malloc_async;
+static __typeof__(cudaFreeAsync) *rt_free_async;
 
 static void **deferred;          /* cudaFreeAsync's pointers, freed when the device is idle */
 static size_t ndeferred, cap_deferred;
@@ -37,7 +42,10 @@ static int resolve(void)
     rt_malloc_pitch = (__typeof__(cudaMallocPitch) *)proxy_sym(cudart, "cudaMallocPitch");
     rt_free = (__typeof__(cudaFree) *)proxy_sym(cudart, "cudaFree");
     rt_reset = (__typeof__(cudaDeviceReset) *)proxy_sym(cudart, "cudaDeviceReset");
-    return rt_malloc_pitch && rt_free && rt_reset ? 0 : -1;
+    rt_is_capturing = (__typeof__(cudaStreamIsCapturing) *)proxy_sym(cudart, "cudaStreamIsCapturing");
+    rt_malloc_async = (__typeof__(cudaMallocAsync) *)proxy_sym(cudart, "cudaMallocAsync");
+    rt_free_async = (__typeof__(cudaFreeAsync) *)proxy_sym(cudart, "cudaFreeAsync");
+    return rt_malloc_pitch && rt_free && rt_reset && rt_is_capturing && rt_malloc_async && rt_free_async ? 0 : -1;
 }
 
 /* Makes the cudaFreeAsync frees, after a device-wide synchronisation (cudaFree
@@ -46,6 +54,36 @@ void alloc_reap(void)
 {
     while (ndeferred > 0)
         devmem_free(deferred[--ndeferred]);
+}
+
+/* Adds p to the frees made at the next device-wide synchronisation; 0 or -1. */
+static int defer_free(void *p)
+{
+    if (ndeferred == cap_deferred) {
+        size_t n = cap_deferred ? cap_deferred * 2 : 64;
+        void **q = realloc(deferred, n * sizeof *q);
+        if (q == NULL)
+            return -1;
+        deferred = q;
+        cap_deferred = n;
+    }
+    deferred[ndeferred++] = p;
+    return 0;
+}
+
+int alloc_is_deferred(const void *p)
+{
+    for (size_t i = 0; i < ndeferred; i++)
+        if (deferred[i] == p)
+            return 1;
+    return 0;
+}
+
+/* 1 if the real stream is capturing: its allocations become the graph's memory nodes. */
+static int capturing(void *stream)
+{
+    enum cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    return rt_is_capturing((cudaStream_t)stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone;
 }
 
 /* devmem_malloc; when it does not fit while frees wait, it synchronises and makes them first. */
@@ -81,8 +119,10 @@ static int32_t malloc_pitch(struct rdisp *d)
     int32_t err = rt_malloc_pitch(&probe, &pitch, width, height ? 1 : 0);
     if (err != cudaSuccess)
         return err;
-    if (probe)
+    if (probe && defer_free(probe) != 0)     /* (cudaFree now would wait for the whole device) */
         rt_free(probe);
+    if (height && pitch > SIZE_MAX / height)
+        return cudaErrorMemoryAllocation;
     void *p = NULL;
     if ((err = malloc_now(&p, pitch * height)) != cudaSuccess)
         return err;
@@ -102,7 +142,8 @@ static int32_t malloc_async(struct rdisp *d)
     if (rd_get_handle(d, VH_STREAM, &vid, &stream))
         return cudaErrorInvalidResourceHandle;
     void *p = NULL;
-    int32_t err = malloc_now(want ? &p : NULL, size);
+    int32_t err = capturing(stream) ? (int32_t)rt_malloc_async(want ? &p : NULL, size, (cudaStream_t)stream)
+                                    : malloc_now(want ? &p : NULL, size);
     if (err == cudaSuccess && want)
         rd_put(d, &p, sizeof p);
     return err;
@@ -119,21 +160,11 @@ static int32_t free_async(struct rdisp *d)
         return cudaErrorInvalidResourceHandle;
     if (p == NULL)
         return cudaSuccess;
-    if (!devmem_is_allocation(p))
-        return cudaErrorInvalidValue;           /* as the runtime's, at once */
-    for (size_t i = 0; i < ndeferred; i++)
-        if (deferred[i] == p)
-            return cudaErrorInvalidValue;       /* freed twice */
-    if (ndeferred == cap_deferred) {
-        size_t n = cap_deferred ? cap_deferred * 2 : 64;
-        void **q = realloc(deferred, n * sizeof *q);
-        if (q == NULL)
-            return cudaErrorMemoryAllocation;
-        deferred = q;
-        cap_deferred = n;
-    }
-    deferred[ndeferred++] = p;
-    return cudaSuccess;
+    if (capturing(stream) || !devmem_is_allocation(p))   /* a graph's memory node, or not ours: the runtime's */
+        return rt_free_async(p, (cudaStream_t)stream);
+    if (alloc_is_deferred(p))
+        return cudaErrorInvalidValue;           /* freed twice */
+    return defer_free(p) == 0 ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
 static int32_t nccl_mem_alloc(struct rdisp *d)
@@ -178,10 +209,12 @@ int32_t dispatch_alloc(unsigned fn, struct rdisp *d)
     case RFN_ncclMemAlloc: return nccl_mem_alloc(d);
     case RFN_ncclMemFree: return nccl_mem_free(d);
     case RFN_cudaDeviceReset: {
-        if (ndeferred > 0)
-            proxy_sync_all();           /* makes the frees (the reset would drop the memory anyway) */
         int32_t err = rt_reset();
-        devmem_after_reset();
+        if (err == cudaSuccess) {
+            ndeferred = 0;              /* the reset dropped that memory: freeing it later would free what is
+                                           placed there next */
+            devmem_after_reset();
+        }
         return err;
     }
     }

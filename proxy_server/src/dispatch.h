@@ -37,6 +37,7 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled);
 int32_t dispatch_alloc(unsigned fn, struct rdisp *d);          /* alloc.c */
 void alloc_reap(void);                                         /* alloc.c: the cudaFreeAsync frees, the device idle */
 int32_t alloc_device_synchronize(void);                        /* alloc.c */
+int alloc_is_deferred(const void *p);                          /* alloc.c: cudaFreeAsync'ed, not freed yet */
 int32_t dispatch_nccl_init_all(struct rdisp *d);               /* nccl_init.c */
 int32_t dispatch_hostfn(unsigned fn, struct rdisp *d);         /* hostfn.c */
 int32_t dispatch_library(unsigned fn, struct rdisp *d);        /* library.c */

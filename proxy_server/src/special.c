@@ -229,6 +229,8 @@ static int32_t free_in_range(struct rdisp *d)
     void *p;
     if (rd_get(d, &p, sizeof p))
         return RD_BAD;
+    if (p != NULL && alloc_is_deferred(p))
+        return cudaErrorInvalidValue;            /* cudaFreeAsync'ed already (alloc.c) */
     return devmem_free(p);
 }
 

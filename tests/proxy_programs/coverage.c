@@ -107,6 +107,33 @@ int main(int argc, char **argv)
     CHECK(cudaStreamSynchronize(s));
     REQUIRE(cudaFreeAsync(pooled, s) != cudaSuccess);          /* freed already */
     cudaGetLastError();
+    void *once = NULL;
+    CHECK(cudaMallocAsync(&once, 64, s));
+    CHECK(cudaFreeAsync(once, s));
+    REQUIRE(cudaFree(once) != cudaSuccess);                    /* and not twice, another way */
+    cudaGetLastError();
+    /* a stream-ordered allocation captured in a graph (the graph's own memory, made at its launch),
+     * freed after the launch */
+    unsigned char *seen = NULL;
+    CHECK(cudaMallocHost((void **)&seen, 256));
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    void *scratch = NULL;
+    CHECK(cudaMallocAsync(&scratch, 256, s));
+    CHECK(cudaMemsetAsync(scratch, 7, 256, s));
+    CHECK(cudaMemcpyAsync(seen, scratch, 256, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamEndCapture(s, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    memset(seen, 0, 256);
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaFreeAsync(scratch, s));
+    CHECK(cudaStreamSynchronize(s));
+    REQUIRE(seen[0] == 7 && seen[255] == 7);
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaFreeHost(seen));
+    printf("a graph with a stream-ordered allocation: launched, then freed\n");
     printf("cudaFreeAsync behind a waiting host function: returned\n");
     printf("stream-ordered allocation: %lld .. %lld\n", got[0], got[15]);
 
