@@ -19,7 +19,7 @@ Where each part lives (imports point down this list):
 """
 
 from jitckpt.api import current_step, jit_get_checkpoint_path, register_save_checkpoint
-from jitckpt.store.base import CheckpointError
+from jitckpt.store.errors import CheckpointError
 
 __all__ = ["register_save_checkpoint", "jit_get_checkpoint_path", "current_step", "CheckpointError"]
 __version__ = "0.1.0"

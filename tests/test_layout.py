@@ -1,4 +1,6 @@
-"""The package's shape: imports point one way, importing has no side effects, the README's map is true.
+"""The package's shape: imports point one way, importing has no side effects, the code map is true.
+
+The map is the Layout section of ``docs/design.md`` (it moved there from the README).
 
 Layers, lowest first (a module may import its own layer's base modules and
 anything below; subpackages of one layer do not import each other):
@@ -10,6 +12,10 @@ anything below; subpackages of one layer do not import each other):
                                                          transparent mode's Python side
     4  launch, __init__                                  jit-run; the package's front door
     5  __main__                                          ``python -m jitckpt`` is ``jit-run``
+
+No circles, not even between two modules of one subpackage.  An import counts
+wherever it stands: inside a function, under TYPE_CHECKING (but for
+INJECTED_TYPES), relative, or a name taken from a package's ``__init__``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from conftest import REPO, job_env
 
@@ -34,51 +42,75 @@ LAYERS: dict[str, int] = {
 }
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+# Modules that pass themselves to the helpers they call, which name their type for annotations only:
+# a type-only import of one of these is not counted as an edge back.  Nothing else is exempt.
+INJECTED_TYPES: dict[str, str] = {
+    "jitckpt.worker.runtime": "the JitRuntime hands itself to its helpers (save, sharding, resume, ...)",
+}
+
+
+def _module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     if parts[-1] == "__init__" and len(parts) > 1:
         parts = parts[:-1]
     return ".".join(parts)
 
 
-def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in PACKAGE.rglob("*.py") if "_bootstrap" not in p.parts}
+def _modules(package: Path = PACKAGE) -> dict[str, Path]:
+    return {_module_name(p, package): p for p in package.rglob("*.py") if "_bootstrap" not in p.parts}
 
 
-def _imports(path: Path, known: set[str]) -> set[str]:
-    """Modules of the package that ``path`` imports anywhere (also inside functions), except under TYPE_CHECKING."""
+def _owner(name: str, known: set[str]) -> str:
+    """The most specific module of the package that ``name`` (a module or a name in one) refers to."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _imports(path: Path, module: str, known: set[str]) -> tuple[set[str], set[str]]:
+    """Modules of the package that ``path`` (module ``module``) imports: (at run time, anywhere, also inside
+    functions; for type checking only, under TYPE_CHECKING).
+
+    ``from P import n`` is an edge to the module ``P.n`` when there is one, else to ``P`` itself,
+    whose namespace ``n`` is taken from (its ``__init__`` for a package, even your own package's);
+    relative imports count like absolute ones.
+    """
     tree = ast.parse(path.read_text(), str(path))
-    skipped: set[int] = set()
+    typing_only: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped |= {id(n) for n in ast.walk(node)}
-    found: set[str] = set()
+            typing_only |= {id(n) for n in ast.walk(node)}
+    here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: tuple[set[str], set[str]] = (set(), set())
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
         else:
             continue
         for name in names:
-            # the most specific module of the package the name refers to
-            while name and name not in known:
-                name = name.rpartition(".")[0]
-            if name and name != "jitckpt":
-                found.add(name)
+            target = _owner(name, known)
+            if target and target != module:
+                found[id(node) in typing_only].add(target)
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    modules = _modules()
+def _graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the modules it imports, at run time or for type checking only (but for INJECTED_TYPES).
+
+    A circle through an annotation is a circle too: neither module can be read or moved without the other.
+    """
+    modules = _modules(package)
     known = set(modules)
     graph = {}
     for name, path in modules.items():
-        targets = _imports(path, known)
-        # importing a submodule of your own package is not an edge to that package's __init__
-        graph[name] = {t for t in targets if t != name and not name.startswith(t + ".")}
+        runtime, typing = _imports(path, name, known)
+        graph[name] = runtime | {t for t in typing if t not in INJECTED_TYPES}
     return graph
 
 
@@ -115,9 +147,56 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_import_cycles_even_through_function_level_imports():
+def test_no_import_cycles_even_through_function_level_or_type_only_imports():
     cycle = find_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+PLANTED_CIRCLES = {
+    "type-only": {
+        "sub/base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub.shard import Shard\n"
+                       "class Error(Exception): ...\n",
+        "sub/shard.py": "from pkg.sub.base import Error\nclass Shard: ...\n",
+    },
+    "relative": {
+        "sub/a.py": "from .b import B\nclass A: ...\n",
+        "sub/b.py": "class B: ...\ndef late():\n    from . import a\n",
+    },
+    "relative-from-the-parent": {
+        "top.py": "from pkg.sub.c import C\n",
+        "sub/c.py": "class C: ...\ndef late():\n    from .. import top\n",
+    },
+    "through-the-package-init": {
+        "sub/__init__.py": "from pkg.sub.a import A\nLIMIT = 3\n",
+        "sub/a.py": "from pkg.sub import LIMIT\nclass A: ...\n",
+    },
+}
+
+
+def _plant(root: Path, files: dict[str, str]) -> Path:
+    package = root / "pkg"
+    for name, text in {"__init__.py": "", "sub/__init__.py": "", **files}.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(text)
+    return package
+
+
+@pytest.mark.parametrize("kind", PLANTED_CIRCLES)
+def test_a_circle_inside_a_subpackage_is_found(tmp_path, kind):
+    cycle = find_cycle(_graph(_plant(tmp_path, PLANTED_CIRCLES[kind])))
+    assert cycle is not None and len(cycle) == 3, cycle
+    planted = {_module_name(tmp_path / "pkg" / name, tmp_path / "pkg") for name in PLANTED_CIRCLES[kind]}
+    assert set(cycle) == planted
+
+
+def test_a_sibling_imported_through_its_package_is_not_an_edge_to_the_package(tmp_path):
+    package = _plant(tmp_path, {
+        "sub/__init__.py": "from pkg.sub.b import B\n",
+        "sub/a.py": "class A: ...\n",
+        "sub/b.py": "from pkg.sub import a\nfrom . import a as again\nclass B: ...\n",
+    })
+    graph = _graph(package)
+    assert graph["pkg.sub.b"] == {"pkg.sub.a"} and find_cycle(graph) is None, graph
 
 
 def test_every_module_has_a_layer():
@@ -157,23 +236,26 @@ def test_importing_jitckpt_has_no_side_effects():
     assert result.returncode == 0 and "CLEAN" in result.stdout, result.stdout + result.stderr
 
 
-def _readme_layout() -> str:
-    text = (REPO / "README.md").read_text()
+LAYOUT_DOC = REPO / "docs" / "design.md"
+
+
+def _layout_section() -> str:
+    text = LAYOUT_DOC.read_text()
     match = re.search(r"^## Layout\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
-    assert match, "README.md has no '## Layout' section"
+    assert match, "docs/design.md has no '## Layout' section"
     return match.group(1)
 
 
-def test_readme_layout_names_only_paths_that_exist():
-    section = _readme_layout()
+def test_layout_map_names_only_paths_that_exist():
+    section = _layout_section()
     paths = [p for p in re.findall(r"`([^`\s]+)`", section) if "/" in p or re.search(r"\.(py|c|h|md|sh)$", p)]
     assert len(paths) > 20, "the Layout section should map mechanisms to files"
     missing = [p for p in paths if not (REPO / p.rstrip("/")).exists()]
-    assert not missing, f"README Layout names paths that do not exist: {missing}"
+    assert not missing, f"docs/design.md Layout names paths that do not exist: {missing}"
 
 
-def test_readme_layout_covers_every_folder_and_every_part_of_the_package():
-    section = _readme_layout()
+def test_layout_map_covers_every_folder_and_every_part_of_the_package():
+    section = _layout_section()
     named = set(re.findall(r"`([^`\s]+)`", section))
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     folders = {Path(p).parts[0] for p in tracked if len(Path(p).parts) > 1 and not p.startswith(".")}
@@ -183,4 +265,4 @@ def test_readme_layout_covers_every_folder_and_every_part_of_the_package():
         if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name not in ("__init__.py", "__main__.py"))
     }
     unnamed = sorted(f"{f}/" for f in folders if f"{f}/" not in named) + sorted(package_parts - named)
-    assert not unnamed, f"README Layout does not mention: {unnamed}"
+    assert not unnamed, f"docs/design.md Layout does not mention: {unnamed}"

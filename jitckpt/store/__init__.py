@@ -1,13 +1,15 @@
 """Checkpoint storage: one interface (``base.CheckpointStore``), tiers behind it.
 
-- ``base``: the interface, ``CheckpointInfo`` and the errors;
-- ``shard``: shard identity (``ParallelCoordinates``): which ranks are replicas;
+- ``errors``: ``CheckpointError`` and ``CheckpointWarning``, raised by all of them;
+- ``shard``: shard identity (``ParallelCoordinates``): which ranks are replicas, a value the interface uses;
+- ``base``: the interface (``CheckpointStore``, ``PendingCheckpoint``) and ``CheckpointInfo``;
 - ``selection``: which step a restarted rank loads (paper §3.3), for any tier;
 - ``disk``: ``DiskStore``, per-rank directories committed atomically with checksummed metadata.
 """
 
-from jitckpt.store.base import CheckpointError, CheckpointInfo, CheckpointStore, CheckpointWarning
+from jitckpt.store.base import CheckpointInfo, CheckpointStore
 from jitckpt.store.disk import DiskStore, check_writable
+from jitckpt.store.errors import CheckpointError, CheckpointWarning
 from jitckpt.store.selection import is_complete, select
 from jitckpt.store.shard import ParallelCoordinates
 

@@ -14,18 +14,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-if TYPE_CHECKING:
-    from jitckpt.store.shard import ParallelCoordinates
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used; the message names cause and fix."""
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped (torn, corrupt, foreign) and an older one used."""
+from jitckpt.store.shard import ParallelCoordinates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +25,7 @@ class CheckpointInfo:
 
     path: Path
     step: int
-    coords: "ParallelCoordinates"
+    coords: ParallelCoordinates
     meta: dict
 
 
@@ -56,7 +47,7 @@ class CheckpointStore(abc.ABC):
     """One tier of checkpoint storage (see the module docstring)."""
 
     @abc.abstractmethod
-    def begin_save(self, step: int, coords: "ParallelCoordinates") -> PendingCheckpoint:
+    def begin_save(self, step: int, coords: ParallelCoordinates) -> PendingCheckpoint:
         """Start rank ``coords.rank``'s checkpoint of ``step``."""
 
     @abc.abstractmethod

@@ -46,7 +46,8 @@ from typing import Iterable
 import xxhash
 
 from jitckpt.store import selection
-from jitckpt.store.base import CheckpointError, CheckpointInfo, CheckpointStore, CheckpointWarning, PendingCheckpoint
+from jitckpt.store.base import CheckpointInfo, CheckpointStore, PendingCheckpoint
+from jitckpt.store.errors import CheckpointError, CheckpointWarning
 from jitckpt.store.shard import ParallelCoordinates
 META_FILE = "jitckpt-meta.json"
 FORMAT_VERSION = 1

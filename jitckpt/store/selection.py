@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import warnings
 
-from jitckpt.store.base import CheckpointError, CheckpointInfo, CheckpointStore, CheckpointWarning
+from jitckpt.store.base import CheckpointInfo, CheckpointStore
+from jitckpt.store.errors import CheckpointError, CheckpointWarning
 from jitckpt.store.shard import ParallelCoordinates, format_ranks
 
 _NAMED_LOSSES = 4  # shards named in the warning; the rest are counted

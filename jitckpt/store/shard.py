@@ -29,7 +29,7 @@ import functools
 import math
 from typing import Iterable
 
-from jitckpt.store.base import CheckpointError
+from jitckpt.store.errors import CheckpointError
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
