@@ -20,7 +20,7 @@ under those rules on CPU tensors.  The tests here:
   by the hang timeout, and the job ends bit-exact.
 
 What a CPU backend cannot show (real CUDA streams, the GIL during a CUDA
-synchronisation, NCCL's own watchdog) is listed in README.md, "Running on GPUs".
+synchronisation, NCCL's own watchdog) is listed in docs/gpus.md, "Running on GPUs".
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def fault_free_sha(tmp_path: Path, mode: str, nproc: int) -> str:
 
     Under jit-run rather than plain torchrun: a gloo job under plain torchrun
     sometimes aborts at exit ("terminate called without an active exception",
-    see README "The end of a finished script"), which jit-run handles.
+    see docs/design.md, "The end of a finished script"), which jit-run handles.
     """
     result = run_jit(tmp_path / "fault-free", nproc=nproc, max_restarts=0, script=PROGRAM,
                      args=["--mode", mode, "--steps", str(STEPS)])
