@@ -8,10 +8,17 @@
 - the command rewrite: torchrun starts ``jitckpt-proxy --socket DIR/rank-%r.sock
   ... -- PROGRAM ARGS`` for every worker, DIR private and removed at exit;
 - ``jitckpt-proxy``'s ``%r``/``%l``/``%%`` in ``--socket`` (spawn mode);
+- which CUDA runtime and NCCL the proxies load (DESIGN decision 7): the ones
+  the program itself would load, said once; the CPU device emulator's only
+  with ``--emulated-gpus`` (or when the user puts it on ``LD_LIBRARY_PATH``),
+  never as a silent default; a clear refusal when there is no runtime;
 - end to end: ``examples/cuda_mlp`` with 3 ranks through torchrun and three
-  proxies ends with the same checksum as the same run without jitckpt.
+  proxies, on ``--emulated-gpus 3``, ends with the same checksum as the same
+  run without jitckpt.
 
-Everything runs on the CPU device emulator; nothing here says anything about GPUs.
+Everything that runs a job runs on the CPU device emulator; nothing here says
+anything about GPUs.  The one run without the emulator uses the machine's real
+``libcudart.so.13``, which, with no GPU here, fails at the program's first call.
 """
 
 from __future__ import annotations
@@ -238,20 +245,130 @@ def test_torchrun_starts_a_proxy_per_worker(built, tmp_path: Path, monkeypatch: 
 def test_python_jobs_run_the_script_with_this_interpreter(built, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """(The doctor check of PyTorch's CUDA libraries is stood in for: this PyTorch has none.)"""
-    monkeypatch.setattr(transparent, "check_python", lambda job, env: [])
+    monkeypatch.setattr(transparent, "check_python", lambda job, env: ([], None))
     script = tmp_path / "train.py"
     script.write_text("")
     for given, program in (
         ([str(script), "--lr", "1"], [sys.executable, "-u", str(script), "--lr", "1"]),
         (["-m", "pkg.train", "--lr", "1"], [sys.executable, "-u", "-m", "pkg.train", "--lr", "1"]),
     ):
-        launch = transparent.prepare(parsed("--transparent", "torchrun", "--nnodes", "1", "--nproc-per-node", "2",
-                                            *given))
+        launch = transparent.prepare(parsed("--transparent", "--emulated-gpus", "2", "torchrun", "--nnodes", "1",
+                                            "--nproc-per-node", "2", *given))
         launch.directory.rmdir()
         tail = launch.command[launch.command.index("--") + 1:]
         assert tail == program
         assert launch.command[3:7] == ["--nnodes", "1", "--nproc-per-node", "2"]
         assert launch.command[7] == "--no-python" and launch.command[8] == str(PROXY.resolve())
+
+
+# ---- which runtime the proxies load ----------------------------------------------------------------
+
+
+def no_emulator_env(**extra: str) -> dict[str, str]:
+    """The test environment without the emulator on LD_LIBRARY_PATH: what a user on a GPU host has."""
+    env = emulator_env(**extra)
+    env.pop("LD_LIBRARY_PATH")
+    return env
+
+
+def loader_finds(program: Path, soname: str, env: dict[str, str]) -> Path | None:
+    """The file the dynamic loader itself maps for ``soname`` when ``program`` starts (ldd runs ld.so)."""
+    out = subprocess.run(["ldd", str(program)], capture_output=True, text=True, env=env, timeout=60).stdout
+    found = re.search(rf"^\s*{re.escape(soname)} => (/\S+)", out, re.M)
+    return Path(found.group(1)).resolve() if found else None
+
+
+def proxy_line(stderr: str) -> tuple[str, str | None, str]:
+    """(CUDA runtime, NCCL, the whole line) from jit-run's one line about what the proxies load."""
+    lines = [line for line in stderr.splitlines() if line.startswith("[jit-run] proxy: CUDA runtime ")]
+    assert len(lines) == 1, stderr  # said once, however many ranks
+    found = re.match(r"\[jit-run\] proxy: CUDA runtime (\S+?),? .*?(?:NCCL (\S+) |no NCCL)", lines[0])
+    assert found, lines[0]
+    return found.group(1), found.group(2), lines[0]
+
+
+def test_without_emulated_gpus_the_proxies_load_the_runtime_the_program_loads(built, tmp_path: Path) -> None:
+    """On a GPU host this is the real runtime; the CPU device emulator next to the proxy is never a silent default.
+
+    Here the real libcudart.so.13 is installed but there is no GPU, so the run fails at the program's first
+    CUDA call with the real runtime's own error -- not with the emulator's ("no host twin for kernel")."""
+    env = no_emulator_env()
+    cudart = loader_finds(MLP, "libcudart.so.13", env)
+    nccl = loader_finds(MLP, "libnccl.so.2", env)
+    assert cudart is not None and not cudart.is_relative_to(EMULATOR_BUILD.resolve())
+    result = jit_run("--transparent", "torchrun", "--standalone", "--nproc_per_node", "1", "--no-python", str(MLP),
+                     "--steps", "3", env=env)
+    out = result.stdout + result.stderr
+    loaded_cudart, loaded_nccl, line = proxy_line(result.stderr)
+    assert Path(loaded_cudart).resolve() == cudart, line
+    assert loaded_nccl is not None and Path(loaded_nccl).resolve() == nccl, line
+    assert "emulator" not in line, line
+    assert f"--cudart {loaded_cudart} --nccl {loaded_nccl} " in result.stderr  # what the proxies were given
+    assert "no host twin" not in out and "jitckpt simulated GPU" not in out
+    if not Path("/dev/nvidiactl").exists():  # no GPU: the real runtime says so at the first call
+        assert result.returncode != 0, out[-3000:]
+        assert re.search(r"cudaGetDeviceCount\(&ndev\) failed: cudaError(InsufficientDriver|NoDevice)", out), out[-3000:]
+
+
+def test_with_emulated_gpus_the_proxies_load_the_emulator_and_say_so(built, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("LD_LIBRARY_PATH", "JITCKPT_SIMDEV_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    launch = transparent.prepare(parsed("--transparent", "--emulated-gpus", "2", "torchrun", "--standalone",
+                                        "--nproc_per_node", "2", "--no-python", str(MLP)))
+    launch.directory.rmdir()
+    cudart, nccl = (EMULATOR_BUILD / "libcudart.so.13").resolve(), (EMULATOR_BUILD / "libnccl.so.2").resolve()
+    assert launch.command[launch.command.index("--cudart") + 1] == str(cudart)
+    assert launch.command[launch.command.index("--nccl") + 1] == str(nccl)
+    assert launch.libraries.line() == (f"proxy: CUDA runtime {cudart}, NCCL {nccl} (both the CPU device emulator: "
+                                       "--emulated-gpus 2)")
+    assert launch.env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(EMULATOR_BUILD.resolve())
+    assert launch.env["JITCKPT_SIMDEV_DEVICES"] == "2"
+    # --emulated-gpus with a file named for the proxies: two answers to one question
+    with pytest.raises(transparent.Refused, match="--emulated-gpus and --proxy-cudart both say what the proxies load"):
+        transparent.prepare(parsed("--transparent", "--emulated-gpus", "1", "--proxy-cudart", str(cudart),
+                                   str(MLP)))
+
+
+def test_the_emulator_on_the_users_ld_library_path_is_what_the_program_loads(built, monkeypatch) -> None:
+    """LD_LIBRARY_PATH=$(jit-run emulator-path): the program itself would load the emulator, so the proxies do,
+    and the line says it is the emulator; the emulator's runtime with a real NCCL is refused."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(EMULATOR_BUILD))
+    launch = transparent.prepare(parsed("--transparent", str(MLP)))
+    launch.directory.rmdir()
+    cudart = EMULATOR_BUILD / "libcudart.so.13"
+    assert Path(launch.libraries.cudart).resolve() == cudart.resolve()
+    assert "(both the CPU device emulator, the one mlp loads: LD_LIBRARY_PATH)" in launch.libraries.line()
+    real_nccl = loader_finds(MLP, "libnccl.so.2", no_emulator_env())
+    assert real_nccl is not None
+    with pytest.raises(transparent.Refused, match=r"the CPU device emulator's libcudart.so.13 .* with the real "
+                                                  r"libnccl.so.2 .* cannot work together"):
+        transparent.prepare(parsed("--transparent", "--proxy-nccl", str(real_nccl), str(MLP)))
+
+
+NO_DEFAULT_LIBS_PROGRAM = r"""
+/* A CUDA runtime program linked with -z nodefaultlib: the loader looks for its libraries only in
+ * LD_LIBRARY_PATH and its RUNPATH (it has none), never in ld.so.cache or the system directories:
+ * like a program whose CUDA toolkit is not on the library path, it finds no libcudart.so.13. */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+int main(void)
+{
+    void *p = NULL;
+    printf("PROGRAM RAN: %d\n", (int)cudaMalloc(&p, 16));
+    return 0;
+}
+"""
+
+
+def test_no_runtime_to_load_is_refused_naming_what_was_searched(built, tmp_path: Path) -> None:
+    program = gcc(tmp_path, "nodefaultlib", NO_DEFAULT_LIBS_PROGRAM, "-Wl,-z,nodefaultlib")
+    env = no_emulator_env()
+    direct = subprocess.run([str(program)], capture_output=True, text=True, env=env, timeout=60)
+    assert direct.returncode == 127 and "error while loading shared libraries" in direct.stderr  # nor can it start
+    err = refused(jit_run("--transparent", str(program), env=env))
+    assert f"cannot find the CUDA runtime (libcudart.so.13) that {program} would load" in err
+    assert "LD_LIBRARY_PATH (unset)" in err and "/etc/ld.so.cache" in err
+    assert "--proxy-cudart PATH" in err and "--emulated-gpus N runs the job on the CPU device emulator" in err
 
 
 def test_socket_paths_that_would_be_too_long_are_refused(built, tmp_path: Path,
@@ -329,10 +446,15 @@ def test_cuda_mlp_three_ranks_through_jit_run_transparent(built, tmp_path: Path)
     assert sorted(want) == [0, 1, 2] and len(set(want.values())) == 1
 
     (tmp_path / "transparent").mkdir()
-    env = emulator_env(JITCKPT_SIMDEV_KERNELS=str(TWINS), JITCKPT_REMOTE_LOG_TRACE="1")
-    result = jit_run("--transparent", "torchrun", *args, "--rendezvous-dir", str(tmp_path / "transparent"), env=env)
+    env = no_emulator_env(JITCKPT_SIMDEV_KERNELS=str(TWINS), JITCKPT_REMOTE_LOG_TRACE="1")
+    result = jit_run("--transparent", "--emulated-gpus", "3", "torchrun", *args, "--rendezvous-dir",
+                     str(tmp_path / "transparent"), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert checksums(result.stdout) == want
+    cudart, nccl, line = proxy_line(result.stderr)
+    assert Path(cudart) == (EMULATOR_BUILD / "libcudart.so.13").resolve(), line
+    assert nccl is not None and Path(nccl) == (EMULATOR_BUILD / "libnccl.so.2").resolve(), line
+    assert "(both the CPU device emulator: --emulated-gpus 3)" in line
     start = re.search(r"\[jit-run\] transparent mode: native program .*mlp, .*sockets in (\S+)\); launching torchrun",
                       result.stderr)
     assert start, result.stderr
@@ -353,11 +475,11 @@ def test_a_hung_all_reduce_is_recovered_under_jit_run_transparent(built, tmp_pat
     want = checksums(plain.stdout)
     assert plain.returncode == 0 and len(want) == 3, plain.stderr
     (tmp_path / "faulty").mkdir()
-    env = emulator_env(JITCKPT_SIMDEV_KERNELS=str(TWINS),
-                       JITCKPT_SIMDEV_FAULT="rank=1,op=ncclAllReduce,call=9,kind=hang")
+    env = no_emulator_env(JITCKPT_SIMDEV_KERNELS=str(TWINS),
+                          JITCKPT_SIMDEV_FAULT="rank=1,op=ncclAllReduce,call=9,kind=hang")
     env.pop("JITCKPT_HANG_TIMEOUT", None)
-    result = jit_run("--transparent", "--hang-timeout", "2", "torchrun", *args, "--rendezvous-dir",
-                     str(tmp_path / "faulty"), env=env)
+    result = jit_run("--transparent", "--emulated-gpus", "3", "--hang-timeout", "2", "torchrun", *args,
+                     "--rendezvous-dir", str(tmp_path / "faulty"), env=env)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
     assert checksums(result.stdout) == want, out[-6000:]

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="inject a fault, e.g. rank=2,step=5,phase=backward,kind=kill "
                              f"(phases: {', '.join(faults.PHASES)}; kinds: {', '.join(faults.KINDS)}) [{config.ENV_FAULT}]")
     parser.add_argument("--emulated-gpus", type=int, metavar="N",
-                        help="run the job's CUDA programs on N CPU-emulated GPUs per node (the CPU device emulator)")
+                        help="run the job's CUDA programs on N CPU-emulated GPUs per node (the CPU device emulator; "
+                             "in transparent mode the proxies load it too)")
     parser.add_argument("--interpose", choices=("auto", "on", "off"), default=env(config.ENV_INTERPOSE, "auto"),
                         help="preload the CUDA/NCCL interposition library (C watchdog over NCCL events) into the "
                              f"workers: auto = when the host has NVIDIA GPUs or --emulated-gpus is given "
@@ -84,10 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "with the reasons when it cannot work. `torchrun ... --no-python ./program` or "
                              "`torchrun ... train.py`; a bare `./program` runs as one rank")
     parser.add_argument("--proxy-cudart", metavar="PATH",
-                        help="transparent mode: the CUDA runtime the proxies load (their --cudart; default: the CPU "
-                             "device emulator when built, else libcudart.so.13)")
+                        help="transparent mode: the CUDA runtime the proxies load (their --cudart; default: the "
+                             "libcudart.so.13 the program itself would load, found as the dynamic loader finds it; "
+                             "the CPU device emulator's only with --emulated-gpus)")
     parser.add_argument("--proxy-nccl", metavar="PATH",
-                        help="transparent mode: the NCCL the proxies load (their --nccl; default as --proxy-cudart)")
+                        help="transparent mode: the NCCL the proxies load (their --nccl; default: the libnccl.so.2 "
+                             "the program itself would load)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="torchrun [torchrun options] script.py [args]")
     return parser
 

@@ -18,8 +18,18 @@ is jit-run's part of it:
    libraries the installed PyTorch loads (``torch/lib/libtorch_cuda.so`` and
    its dependencies); a CPU-only PyTorch has no CUDA to intercept, and is
    refused for that reason.
-2. **Rewrite the command** (``worker_command``): torchrun starts, for every
-   local rank, ``jitckpt-proxy --socket DIR/rank-%r.sock [--cudart PATH]
+2. **Choose the libraries the proxies load** (``proxy_libraries``, DESIGN
+   decision 7): the CUDA runtime and NCCL the program itself would load,
+   found the way the dynamic loader finds them (doctor's resolution of the
+   program, or of PyTorch's ``libtorch_cuda.so`` for a Python job: RPATH and
+   RUNPATH, ``LD_LIBRARY_PATH``, ``ld.so.cache``).  The CPU device emulator's
+   only when asked for: ``--emulated-gpus N``, or by putting it on
+   ``LD_LIBRARY_PATH`` (the program then loads it too); ``--proxy-cudart`` and
+   ``--proxy-nccl`` name files outright.  jit-run says once which files the
+   proxies load, and refuses, naming what it searched, when there is no
+   runtime to load.
+3. **Rewrite the command** (``worker_command``): torchrun starts, for every
+   local rank, ``jitckpt-proxy --socket DIR/rank-%r.sock --cudart PATH
    [--nccl PATH] --preload libjitckpt_remote.so -- PROGRAM ARGS`` (with
    ``--no-python``), where PROGRAM is the native program, or
    ``python -u script.py`` for a Python job.  The proxy's supervisor spawns
@@ -27,9 +37,9 @@ is jit-run's part of it:
    ``%r`` becomes the rank (torchrun gives every local worker the same argv).
    DIR is private (0700, under ``$XDG_RUNTIME_DIR`` when usable, else a
    temporary directory) and removed at exit.
-3. **Environment**: the user's, unchanged (on the CPU emulator the proxy
-   loads the emulator by default and finds kernel twins through
-   ``JITCKPT_SIMDEV_KERNELS``), plus ``JITCKPT_TRANSPARENT=1``,
+4. **Environment**: the user's, unchanged (with ``--emulated-gpus N``, the
+   emulator's directory first on ``LD_LIBRARY_PATH`` and N devices; on the
+   emulator the proxy finds kernel twins through ``JITCKPT_SIMDEV_KERNELS``), plus ``JITCKPT_TRANSPARENT=1``,
    ``JITCKPT_PYTHON`` (the interpreter the remote library runs
    ``-m jitckpt.transparent.rendezvous`` with during a recovery), and jit-run's
    worker bootstrap on ``PYTHONPATH`` (for a Python program: the minibatch
@@ -60,6 +70,7 @@ from jitckpt.launch.child import wait_forwarding_signals
 USER_LEVEL_OPTIONS = {
     "checkpoint_dir": "--checkpoint-dir", "save_grace": "--save-grace", "report": "--report", "fault": "--fault",
     "warm_restart": "--warm-restart", "keep": "--keep", "interpose": "--interpose",
+    "allow_inexact_resume": "--allow-inexact-resume",
 }
 # A Unix socket address holds at most 107 bytes of path (sun_path is 108 with its NUL).
 SOCKET_PATH_MAX = 107
@@ -217,8 +228,8 @@ def _analyse(path: Path, ld_library_path: str) -> Any:
         raise Refused(f"cannot analyse {path}: {exc}") from None
 
 
-def check_native(job: Job, env: dict[str, str]) -> list[str]:
-    """Doctor's analysis of the native program; returns notes worth saying, raises Refused with every reason."""
+def check_native(job: Job, env: dict[str, str]) -> tuple[list[str], Any]:
+    """Doctor's analysis of the native program: (notes worth saying, the report); raises Refused with every reason."""
     path = Path(job.program[0])
     report = _analyse(path, env.get("LD_LIBRARY_PATH", ""))
     if report.transparent.status != "ok":
@@ -231,11 +242,12 @@ def check_native(job: Job, env: dict[str, str]) -> list[str]:
                          f"environment's LD_LIBRARY_PATH; the program may not start"
                          + (" (on the CPU emulator: LD_LIBRARY_PATH=$(jit-run emulator-path), or --emulated-gpus N)"
                             if missing.needed.startswith(("libcudart", "libnccl")) else ""))
-    return notes
+    return notes, report
 
 
-def check_python(job: Job, env: dict[str, str]) -> list[str]:
-    """The check of a Python job: the CUDA libraries the installed PyTorch loads; raises Refused."""
+def check_python(job: Job, env: dict[str, str]) -> tuple[list[str], Any]:
+    """The check of a Python job: the CUDA libraries the installed PyTorch loads; (notes, the report of
+    ``libtorch_cuda.so``); raises Refused."""
     from jitckpt.doctor.runtime_abi import torch_runtime
 
     found = torch_runtime()
@@ -256,7 +268,142 @@ def check_python(job: Job, env: dict[str, str]) -> list[str]:
                                 + [f"  (`jit-run doctor {library}` shows the whole analysis)"]))
     return ([f"note: {caveat}" for caveat in report.transparent.caveats]
             + ["note: only PyTorch's own CUDA libraries were checked; CUDA extension modules the script imports "
-               "are not (run `jit-run doctor` on them)"])
+               "are not (run `jit-run doctor` on them)"], report)
+
+
+# ---- the libraries the proxies load ---------------------------------------------------------------
+
+CUDART_SONAME = "libcudart.so.13"
+NCCL_SONAME = "libnccl.so.2"
+
+
+@dataclass
+class ProxyLibraries:
+    """The CUDA runtime and NCCL every proxy of the job loads, each with how it was chosen."""
+
+    cudart: str
+    cudart_how: str
+    nccl: Optional[str]        # None: none found, and the program does not use NCCL
+    nccl_how: str
+
+    def line(self) -> str:
+        """The one line jit-run says about them."""
+        if self.nccl is None:
+            return f"proxy: CUDA runtime {self.cudart} ({self.cudart_how}), no NCCL ({self.nccl_how})"
+        if self.nccl_how == self.cudart_how:
+            return f"proxy: CUDA runtime {self.cudart}, NCCL {self.nccl} (both {self.cudart_how})"
+        return f"proxy: CUDA runtime {self.cudart} ({self.cudart_how}), NCCL {self.nccl} ({self.nccl_how})"
+
+
+@dataclass
+class _Found:
+    """One library for the proxies: where it is, how it was found, and whether it is the CPU device emulator's."""
+
+    path: str
+    how: str
+    emulated: bool
+
+    def described(self) -> str:
+        return f"the CPU device emulator, {self.how}" if self.emulated else self.how
+
+
+def _is_emulator(path: str) -> bool:
+    """True if ``path`` is one of the CPU device emulator's libraries (doctor's test: its JITCKPT_SIMDEV marks)."""
+    from jitckpt.doctor import DoctorError, read_elf
+
+    try:
+        obj = read_elf(path)
+    except DoctorError:
+        return False
+    return any(v.startswith("JITCKPT_SIMDEV") for v in obj.version_definitions) or bool(obj.private_imports)
+
+
+def _in_closure(report: Any, soname: str) -> Optional[_Found]:
+    """``soname`` among the objects the program loads (doctor's resolution), if it is one of them."""
+    from jitckpt.doctor import ROLE_EMULATED_NCCL, ROLE_EMULATED_RUNTIME
+
+    for obj in report.objects[1:]:
+        if obj.obj.file_name_starts((soname,)):
+            return _Found(obj.obj.path, f"the one {report.root.obj.name} loads: {obj.found_via}",
+                          obj.role in (ROLE_EMULATED_RUNTIME, ROLE_EMULATED_NCCL))
+    return None
+
+
+def _loader_search(report: Any, soname: str, env: dict[str, str]) -> Optional[_Found]:
+    """``soname`` found as the loader would find it for the program's own dlopen (it does not link it)."""
+    from jitckpt.doctor import LibrarySearch
+
+    root = report.root.obj
+    origin = os.path.dirname(os.path.realpath(root.path))
+    path, how = LibrarySearch(ld_library_path=env.get("LD_LIBRARY_PATH", "")).find(soname, [(root, origin)], root)
+    return _Found(path, f"on {root.name}'s library search path: {how}", _is_emulator(path)) if path else None
+
+
+def _named(path: str, option: str) -> _Found:
+    resolved = str(Path(path).resolve())
+    return _Found(resolved, option, _is_emulator(resolved))
+
+
+def _searched(report: Any, env: dict[str, str]) -> str:
+    """Where the loader's search looks, in words, for a refusal."""
+    root = report.root.obj
+    places = []
+    if root.rpath or root.runpath:
+        places.append(f"{root.name}'s RPATH/RUNPATH ({':'.join(root.runpath or root.rpath)})")
+    places.append(f"LD_LIBRARY_PATH ({env.get('LD_LIBRARY_PATH') or 'unset'})")
+    places.append("/etc/ld.so.cache, the system library directories and /usr/local/cuda/lib64")
+    return ", ".join(places)
+
+
+def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) -> ProxyLibraries:
+    """The runtime and NCCL the proxies load (DESIGN decision 7); Refused when there is no runtime to load.
+
+    By default the ones the program itself would load (``report`` is doctor's
+    analysis of the program, or of PyTorch's ``libtorch_cuda.so`` for a Python
+    job); the CPU device emulator's with ``--emulated-gpus``; the files named by
+    ``--proxy-cudart``/``--proxy-nccl``.  Never the emulator by default.
+    """
+    named = [o for o, v in (("--proxy-cudart", args.proxy_cudart), ("--proxy-nccl", args.proxy_nccl)) if v]
+    if args.emulated_gpus is not None:
+        if named:
+            raise Refused(f"--emulated-gpus and {' and '.join(named)} both say what the proxies load: give one "
+                          "(--emulated-gpus N loads the CPU device emulator's libraries)")
+        from jitckpt.native import emulator
+
+        build = emulator.library_dir()
+        how = f"the CPU device emulator: --emulated-gpus {args.emulated_gpus}"
+        return ProxyLibraries(str(build / CUDART_SONAME), how, str(build / NCCL_SONAME), how)
+    cudart: Optional[_Found]
+    if args.proxy_cudart:
+        cudart = _named(args.proxy_cudart, "--proxy-cudart")
+    else:
+        cudart = _in_closure(report, CUDART_SONAME) if report is not None else None
+        if cudart is None and report is not None:
+            cudart = _loader_search(report, CUDART_SONAME, env)
+    if cudart is None:
+        where = _searched(report, env) if report is not None else "nothing (no analysis of the program)"
+        raise Refused(
+            f"cannot find the CUDA runtime ({CUDART_SONAME}) that {target} would load, for its device proxies to "
+            f"load: searched {where}. Install the CUDA 13 runtime (the CUDA toolkit, or `pip install "
+            "nvidia-cuda-runtime`) and put its directory on LD_LIBRARY_PATH, or name the file with --proxy-cudart "
+            "PATH; to test without a GPU, --emulated-gpus N runs the job on the CPU device emulator")
+    nccl: Optional[_Found]
+    if args.proxy_nccl:
+        nccl = _named(args.proxy_nccl, "--proxy-nccl")
+    else:
+        nccl = _in_closure(report, NCCL_SONAME) if report is not None else None
+        if nccl is None and report is not None:
+            nccl = _loader_search(report, NCCL_SONAME, env)
+    if nccl is not None and cudart.emulated != nccl.emulated:
+        emulated, real = (cudart, nccl) if cudart.emulated else (nccl, cudart)
+        raise Refused(f"the proxies would load the CPU device emulator's {Path(emulated.path).name} "
+                      f"({emulated.path}, {emulated.how}) with the real {Path(real.path).name} ({real.path}, "
+                      f"{real.how}), which cannot work together: put both of one kind first on LD_LIBRARY_PATH, name "
+                      "them with --proxy-cudart and --proxy-nccl, or give --emulated-gpus N")
+    if nccl is None:
+        return ProxyLibraries(cudart.path, cudart.described(), None,
+                              f"{target} does not use NCCL and none is on its library search path")
+    return ProxyLibraries(cudart.path, cudart.described(), nccl.path, nccl.described())
 
 
 def native_parts() -> tuple[Path, Path]:
@@ -320,6 +467,7 @@ class Launch:
     directory: Path
     job: Job
     notes: list[str]
+    libraries: ProxyLibraries
 
 
 def prepare(args: Any, given: Sequence[str] = ()) -> Launch:
@@ -346,7 +494,8 @@ def prepare(args: Any, given: Sequence[str] = ()) -> Launch:
             raise Refused(str(exc)) from None
     proxy, remote = native_parts()  # (without them the coverage list is missing too: say the cause)
     job = parse_command(list(args.command))
-    notes = check_native(job, env) if job.kind == "native" else check_python(job, env)
+    notes, report = check_native(job, env) if job.kind == "native" else check_python(job, env)
+    libraries = proxy_libraries(args, report, env, job.target)
     if env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "").strip() == "1" and job.torchrun_options is not None:
         notes.append("warning: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (yours): torchrun then does not share its store "
                      "with the workers, and transparent mode's recovery rendezvous (MASTER_ADDR:MASTER_PORT) finds "
@@ -360,10 +509,8 @@ def prepare(args: Any, given: Sequence[str] = ()) -> Launch:
     env.pop(config.ENV_ACTIVE, None)  # user-level mode's runtime stays off in transparent mode
     if "hang_timeout" in given:  # else the user's JITCKPT_HANG_TIMEOUT, or the remote library's default
         env[config.ENV_HANG_TIMEOUT] = str(float(args.hang_timeout))  # read by the remote library's recovery
-    cudart = str(Path(args.proxy_cudart).resolve()) if args.proxy_cudart else None
-    nccl = str(Path(args.proxy_nccl).resolve()) if args.proxy_nccl else None
-    command = worker_command(job, proxy, template, remote, cudart, nccl)
-    return Launch(command, env, directory, job, notes)
+    command = worker_command(job, proxy, template, remote, libraries.cudart, libraries.nccl)
+    return Launch(command, env, directory, job, notes, libraries)
 
 
 def main(args: Any, given: Sequence[str] = ()) -> int:
@@ -379,6 +526,7 @@ def main(args: Any, given: Sequence[str] = ()) -> int:
     try:
         for note in launch.notes:
             say(note)
+        say(launch.libraries.line())
         job = launch.job
         shown = " ".join(launch.command[3:] if job.torchrun_options is not None else launch.command)
         say(f"transparent mode: {job.kind} program {job.target}, every rank's CUDA runtime and NCCL calls go to "

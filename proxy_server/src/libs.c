@@ -1,13 +1,15 @@
 /* libs.c -- loading the CUDA runtime and NCCL the proxy executes calls with.
  *
  * Paths, first match wins: the command-line option (--cudart, --nccl), the
- * environment (JITCKPT_PROXY_CUDART, JITCKPT_PROXY_NCCL), the CPU device
- * emulator's libraries next to this executable (the source tree's
- * emulator/build/, or the wheel's _build/emulator/), and last the sonames
- * (libcudart.so.13, libnccl.so.2) through the ordinary search path: the
- * real libraries on a GPU host (unverified on GPU).  Both are loaded
- * RTLD_GLOBAL so that NCCL, and any kernel-twin library the emulator opens,
- * bind to this runtime. */
+ * environment (JITCKPT_PROXY_CUDART, JITCKPT_PROXY_NCCL), and last the
+ * sonames (libcudart.so.13, libnccl.so.2) through the ordinary search path
+ * (LD_LIBRARY_PATH, ld.so.cache): what a program run in the same
+ * environment would load.  The CPU device emulator is never a default
+ * (DESIGN decision 7): it is loaded only when asked for, by its path or by
+ * putting its directory on LD_LIBRARY_PATH (jit-run --emulated-gpus does;
+ * jit-run --transparent passes the files the program itself would load and
+ * says which).  Both are loaded RTLD_GLOBAL so that NCCL, and any
+ * kernel-twin library the emulator opens, bind to this runtime. */
 
 #include "proxy.h"
 
@@ -46,32 +48,34 @@ const char *default_sibling(const char *rel1, const char *rel2)
     return NULL;
 }
 
-static const char *choose(const char *option, const char *env, const char *name, const char *soname)
+/* The path to load: the option, else the environment variable, else the soname.
+ * *chosen says whether the user named it (option or variable). */
+static const char *choose(const char *option, const char *env, const char *soname, int *chosen)
 {
+    const char *e = getenv(env);
+    *chosen = option != NULL || (e && *e);
     if (option)
         return option;
-    const char *e = getenv(env);
-    if (e && *e)
-        return e;
-    char rel1[256], rel2[256];
-    snprintf(rel1, sizeof rel1, "../../emulator/build/%s", name);     /* the source tree */
-    snprintf(rel2, sizeof rel2, "../emulator/%s", name);              /* a wheel's _build/ */
-    const char *sibling = default_sibling(rel1, rel2);
-    return sibling ? sibling : soname;
+    return e && *e ? e : soname;
 }
 
 int libs_load(const struct proxy_options *o)
 {
-    const char *rt = choose(o->cudart_path, PROXY_ENV_CUDART, "libcudart.so.13", "libcudart.so.13");
-    const char *nc = choose(o->nccl_path, PROXY_ENV_NCCL, "libnccl.so.2", "libnccl.so.2");
+    int rt_chosen, nc_chosen;
+    const char *rt = choose(o->cudart_path, PROXY_ENV_CUDART, "libcudart.so.13", &rt_chosen);
+    const char *nc = choose(o->nccl_path, PROXY_ENV_NCCL, "libnccl.so.2", &nc_chosen);
     cudart = dlopen(rt, RTLD_NOW | RTLD_GLOBAL);
     if (!cudart) {
-        plog("cannot load the CUDA runtime %s: %s (set --cudart or " PROXY_ENV_CUDART ")", rt, dlerror());
+        plog("cannot load the CUDA runtime %s: %s (set --cudart or " PROXY_ENV_CUDART
+             "%s)", rt, dlerror(), rt_chosen ? "" : "; the CPU device emulator is used only when named there or "
+             "put on LD_LIBRARY_PATH, e.g. by jit-run --emulated-gpus N");
         return -1;
     }
     nccl = dlopen(nc, RTLD_NOW | RTLD_GLOBAL);
-    if (!nccl)
+    if (!nccl && nc_chosen)
         plog("cannot load NCCL %s: %s (set --nccl or " PROXY_ENV_NCCL "); NCCL calls will fail", nc, dlerror());
+    else if (!nccl)     /* none named and none on the search path: a program without NCCL needs none */
+        pdebug("no NCCL (%s: %s); NCCL calls will fail", nc, dlerror());
     pdebug("CUDA runtime %s, NCCL %s", rt, nc);
     return 0;
 }
