@@ -21,24 +21,30 @@
 # Transparent mode (issue 12; needs nvcc 13 and the nvidia-nccl-cu13 wheel, not
 # torch): examples/cuda_mlp built against the real CUDA runtime, 1 rank,
 #   - directly (the reference checksum and per-step time);
-#   - through the device proxy (proxy_server/build/jitckpt-proxy) with the real
-#     runtime loaded in the proxy (--cudart: the libcudart.so.13 the binary
-#     resolves, or $CUDA_HOME/lib64; --nccl: the libnccl.so.2 of the wheel),
-#     every CUDA/NCCL call forwarded through the shared-memory ring: same
-#     final checksum, and its per-step time against the direct run's;
+#   - as a user runs it: `jit-run --transparent torchrun --standalone
+#     --nproc_per_node 1 --no-python examples/cuda_mlp/build/mlp ...`, with no
+#     option naming a library: the proxy must load the runtime and NCCL the
+#     program itself loads (jit-run's "proxy: CUDA runtime ..." line must not
+#     name the CPU device emulator), every CUDA/NCCL call forwarded through
+#     the shared-memory ring: same final checksum, and its per-step time
+#     against the direct run's;
 #   - the same with JITCKPT_PROXY_GPU_VMM=1 (device memory through the
 #     driver's VMM API at fixed addresses; needed for a restart on a GPU);
 #   - the same with a driver-suspect proxy restart injected mid-run
 #     (JITCKPT_REMOTE_RESTART_AT=N in the worker's environment): the restart
 #     must happen (its duration is printed) and the run must still end with
 #     the direct run's checksum;
-#   - with 2 or more GPUs: 2 ranks (NCCL), directly and through a proxy per
-#     rank, same checksums.
+#   - with 2 or more GPUs: 2 ranks (NCCL), directly and through
+#     `jit-run --transparent torchrun --nproc_per_node 2 ...`, same checksums.
+# With GPU_CHECK_EMULATOR=1 the same commands run with `--emulated-gpus N`
+# (and the direct runs with the emulator on LD_LIBRARY_PATH), and the proxy's
+# line must name the emulator.
 # Knobs (environment): GPU_CHECK_MLP_STEPS (default 5000), GPU_CHECK_MLP_BATCH
 # (32), GPU_CHECK_RESTART_AT (1500: the worker's Nth CUDA call, of about
 # 25 per step), GPU_CHECK_TIMING_PAIRS (3: interleaved direct/proxy runs for
-# the per-step times), GPU_CHECK_CUDART / GPU_CHECK_NCCL (the real libraries'
-# paths, if the search does not find them), GPU_CHECK_TIMEOUT (300 s per run).
+# the per-step times), GPU_CHECK_TIMEOUT (300 s per run).  If the program does
+# not find libcudart.so.13 by itself, $CUDA_HOME/lib64 is put on
+# LD_LIBRARY_PATH, as a user would.
 #
 # Prints one PASS/FAIL line per check and a summary; exits 1 if any failed.
 set -uo pipefail
@@ -130,7 +136,6 @@ user_level_part() {
 # ---- transparent mode (issue 12) ------------------------------------------------------------
 
 MLP=examples/cuda_mlp/build/mlp
-PROXY=proxy_server/build/jitckpt-proxy
 T_STEPS=${GPU_CHECK_MLP_STEPS:-5000}
 T_BATCH=${GPU_CHECK_MLP_BATCH:-32}
 T_RESTART_AT=${GPU_CHECK_RESTART_AT:-1500}
@@ -138,33 +143,14 @@ T_PAIRS=${GPU_CHECK_TIMING_PAIRS:-3}
 T_TIMEOUT=${GPU_CHECK_TIMEOUT:-300}
 
 checksum_of() { grep -o 'final parameters checksum [0-9a-f]*' "$1" | tail -1 | awk '{print $4}'; }
+rank_checksum_of() {  # rank_checksum_of RANK LOG: one rank's, from a log that holds every rank's output
+    grep -o "\[rank $1\] final parameters checksum [0-9a-f]*" "$2" | tail -1 | awk '{print $6}'
+}
 # "mlp: 3000 steps in 0.62 s, ..." -> milliseconds per step (mlp times its training loop, start-up
 # excluded, and prints seconds with 2 decimals: +-10 ms over the run, hence GPU_CHECK_MLP_STEPS)
 ms_per_step_of() {
     grep -o 'mlp: [0-9]* steps in [0-9.]* s' "$1" | tail -1 | awk '{ if ($2 > 0) printf "%.3g", 1000 * $5 / $2 }'
 }
-# The real library named NAME: what the binary resolves (ldd), if that is not the emulator's.
-resolved_by_binary() {
-    ldd "$MLP" 2>/dev/null | awk -v n="$1" '$1 == n && $3 ~ /^\// {print $3}' | grep -v '/emulator/' | head -1
-}
-
-find_real_libraries() {  # sets T_CUDART, T_NCCL (real libraries, absolute paths) or says why not
-    T_CUDART=${GPU_CHECK_CUDART:-$(resolved_by_binary libcudart.so.13)}
-    if [[ -z $T_CUDART ]]; then
-        local d
-        for d in "${CUDA_HOME:-/usr/local/cuda}/lib64" /usr/local/cuda/lib64 /usr/local/cuda/lib; do
-            if [[ -e $d/libcudart.so.13 ]]; then T_CUDART=$d/libcudart.so.13; break; fi
-        done
-    fi
-    T_NCCL=${GPU_CHECK_NCCL:-$(resolved_by_binary libnccl.so.2)}
-    if [[ -z $T_NCCL ]]; then
-        T_NCCL=$("$PY" -c "import nvidia.nccl as m, os; print(os.path.join(list(m.__path__)[0], 'lib', 'libnccl.so.2'))" \
-                 2>/dev/null)
-    fi
-    [[ -n $T_CUDART && -e $T_CUDART ]] && T_CUDART=$(readlink -f "$T_CUDART") || T_CUDART=
-    [[ -n $T_NCCL && -e $T_NCCL ]] && T_NCCL=$(readlink -f "$T_NCCL") || T_NCCL=
-}
-
 # t_run LOG VAR=VALUE... -- COMMAND...: one run of COMMAND in the transparent part's environment.
 t_run() {
     local log=$1; shift
@@ -177,11 +163,38 @@ t_run() {
         timeout -k 10 "$T_TIMEOUT" "$@" >"$log" 2>&1
 }
 
-t_direct() { t_run "$1" -- "$MLP" "${T_ARGS[@]}"; }
-t_proxy() {  # t_proxy LOG VAR=VALUE...
-    local log=$1; shift
-    t_run "$log" "$@" -- "$PROXY" --socket "$WORK/proxy-$(basename "$log" .log).sock" \
-        --cudart "$T_CUDART" --nccl "$T_NCCL" -- "$MLP" "${T_ARGS[@]}"
+t_direct() { t_run "$1" "${T_DIRECT_ENV[@]}" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 -- "$MLP" "${T_ARGS[@]}"; }
+# t_jit LOG NPROC VAR=VALUE... [-- MLP ARGS...]: the user's command line, jit-run --transparent over torchrun.
+t_jit() {
+    local log=$1 nproc=$2; shift 2
+    local vars=() extra=()
+    while [[ $# -gt 0 && $1 != -- ]]; do vars+=("$1"); shift; done
+    [[ $# -gt 0 ]] && { shift; extra=("$@"); }
+    local emulated=()
+    [[ $EMULATOR_MODE == 1 ]] && emulated=(--emulated-gpus "$nproc")
+    t_run "$log" "${vars[@]}" -- "$PY" -m jitckpt --transparent "${emulated[@]}" \
+        torchrun --standalone --nproc_per_node "$nproc" --no-python "$MLP" "${T_ARGS[@]}" "${extra[@]}"
+}
+t_proxy() { local log=$1; shift; t_jit "$log" 1 "$@"; }  # t_proxy LOG VAR=VALUE...
+
+# jit-run's one line about what the proxies load, into T_LIBRARIES; status 1 (the check failed, with
+# the reason) when it is missing or names the wrong kind: the emulator on a GPU host, or not it in emulator mode.
+t_libraries() {  # t_libraries NAME LOG
+    local line
+    line=$(grep -m1 '^\[jit-run\] proxy: CUDA runtime ' "$2")
+    if [[ -z $line ]]; then
+        t_fail "$1" "jit-run did not say which CUDA runtime the proxies load" "$2"
+        return 1
+    fi
+    if [[ $EMULATOR_MODE == 1 && $line != *"CPU device emulator"* ]]; then
+        t_fail "$1" "emulator mode, but the proxies did not load the emulator: ${line#\[jit-run\] }" "$2"
+        return 1
+    fi
+    if [[ $EMULATOR_MODE != 1 && $line == *emulator* ]]; then
+        t_fail "$1" "the proxies loaded the CPU device emulator on a GPU host: ${line#\[jit-run\] }" "$2"
+        return 1
+    fi
+    T_LIBRARIES=${line#\[jit-run\] }
 }
 
 t_fail() {  # t_fail NAME MESSAGE LOG
@@ -203,26 +216,23 @@ transparent_part() {
         LD_LIBRARY_PATH=$(printf '%s' "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v '/emulator/' | paste -sd: -)
         echo "   (the CPU emulator removed from LD_LIBRARY_PATH: this part runs the real runtime)"
     fi
-    find_real_libraries
-    T_ENV=(RANK=0 WORLD_SIZE=1 LOCAL_RANK=0)
+    T_ENV=()          # every run's, direct or through jit-run
+    T_DIRECT_ENV=()   # the direct runs' besides
     if [[ $EMULATOR_MODE == 1 ]]; then
-        echo "   (emulator mode; the real libraries found here, not used: libcudart ${T_CUDART:-none}, NCCL ${T_NCCL:-none})"
-        T_CUDART=$PWD/emulator/build/libcudart.so.13
-        T_NCCL=$PWD/emulator/build/libnccl.so.2
-        T_ENV+=("LD_LIBRARY_PATH=$PWD/emulator/build" "JITCKPT_SIMDEV_KERNELS=$PWD/examples/cuda_mlp/build/libmlp_twins.so")
-    else
-        if [[ -z $T_CUDART || -z $T_NCCL ]]; then
-            echo "FAIL transparent: the real libraries were not found (libcudart.so.13: ${T_CUDART:-not found}," \
-                 "libnccl.so.2: ${T_NCCL:-not found}); set GPU_CHECK_CUDART / GPU_CHECK_NCCL"
+        echo "   (emulator mode: the direct runs with the emulator on LD_LIBRARY_PATH, jit-run with --emulated-gpus)"
+        T_ENV+=("JITCKPT_SIMDEV_KERNELS=$PWD/examples/cuda_mlp/build/libmlp_twins.so")
+        T_DIRECT_ENV+=("LD_LIBRARY_PATH=$PWD/emulator/build")
+    elif ! ldd "$MLP" | grep -q 'libcudart.so.13 => /'; then
+        # The program must find its runtime by itself (and jit-run then finds the same file for the proxy).
+        local lib=${CUDA_HOME:-/usr/local/cuda}/lib64
+        if [[ ! -e $lib/libcudart.so.13 ]]; then
+            echo "FAIL transparent: $MLP does not find libcudart.so.13, nor is it in $lib (set CUDA_HOME or LD_LIBRARY_PATH)"
             FAILED=1
             return
         fi
-        # The binary needs libcudart.so.13 on its search path; the proxy gets the same file by --cudart.
-        if ! ldd "$MLP" | grep -q 'libcudart.so.13 => /'; then
-            T_ENV+=("LD_LIBRARY_PATH=$(dirname "$T_CUDART")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
-        fi
+        T_ENV+=("LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+        echo "   ($MLP does not find libcudart.so.13 by itself: LD_LIBRARY_PATH=$lib first)"
     fi
-    echo "   proxy runtime: --cudart $T_CUDART --nccl $T_NCCL"
     T_ARGS=(--steps "$T_STEPS" --batch "$T_BATCH" --log-every 0)
     echo "   mlp ${T_ARGS[*]}; $T_PAIRS interleaved direct/proxy pairs for the per-step times"
 
@@ -248,6 +258,10 @@ transparent_part() {
         code=$?
         sum=$(checksum_of "$WORK/t-proxy-$i.log")
         t=$(ms_per_step_of "$WORK/t-proxy-$i.log")
+        if ! t_libraries transparent-proxy "$WORK/t-proxy-$i.log"; then
+            bad=1
+            break
+        fi
         if [[ $code -ne 0 || $sum != "$ref" || -z $t ]]; then
             t_fail transparent-proxy "through the proxy: exit $code, checksum ${sum:-none}, direct $ref" \
                 "$WORK/t-proxy-$i.log"
@@ -260,7 +274,8 @@ transparent_part() {
         local dm pm
         dm=$(printf '%s\n' "${d_times[@]}" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
         pm=$(printf '%s\n' "${p_times[@]}" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')
-        echo "PASS transparent-proxy: checksum $ref through the proxy, as directly ($T_PAIRS runs each)"
+        echo "PASS transparent-proxy: checksum $ref through jit-run --transparent, as directly ($T_PAIRS runs each)"
+        echo "   $T_LIBRARIES"
         echo "   per-step time (ms), median of $T_PAIRS: direct $dm, through the proxy $pm" \
              "(ratio $(awk -v a="$dm" -v b="$pm" 'BEGIN { if (a > 0) printf "%.2f", b / a; else print "?" }'));" \
              "each run: direct ${d_times[*]}; proxy ${p_times[*]}"
@@ -307,32 +322,34 @@ transparent_part() {
         return
     fi
     echo "== transparent mode: examples/cuda_mlp, 2 ranks (NCCL), directly and through a proxy per rank"
-    local variant rank pids want="" got
-    for variant in direct proxy; do
-        mkdir -p "$WORK/t2-$variant-rv"
-        pids=()
-        for rank in 0 1; do
-            local cmd=("$MLP" "${T_ARGS[@]}" --rendezvous-dir "$WORK/t2-$variant-rv")
-            [[ $variant == proxy ]] && cmd=("$PROXY" --socket "$WORK/t2-proxy-$rank.sock" --cudart "$T_CUDART" \
-                                            --nccl "$T_NCCL" -- "${cmd[@]}")
-            t_run "$WORK/t2-$variant-$rank.log" RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank -- "${cmd[@]}" &
-            pids+=($!)
-        done
-        code=0
-        for pid in "${pids[@]}"; do wait "$pid" || code=$?; done
-        got="$(checksum_of "$WORK/t2-$variant-0.log") $(checksum_of "$WORK/t2-$variant-1.log")"
-        if [[ $code -ne 0 || $got != [0-9a-f]*" "[0-9a-f]* || ${got% *} != "${got#* }" ]]; then
-            t_fail "transparent-2ranks-$variant" "exit $code, checksums of ranks 0 and 1: ${got:-none}" \
-                "$WORK/t2-$variant-0.log"
-            return
-        fi
-        [[ $variant == direct ]] && want=$got
+    local rank pids want="" got
+    mkdir -p "$WORK/t2-direct-rv" "$WORK/t2-proxy-rv"
+    pids=()
+    for rank in 0 1; do
+        t_run "$WORK/t2-direct-$rank.log" "${T_DIRECT_ENV[@]}" RANK=$rank WORLD_SIZE=2 LOCAL_RANK=$rank -- \
+            "$MLP" "${T_ARGS[@]}" --rendezvous-dir "$WORK/t2-direct-rv" &
+        pids+=($!)
     done
+    code=0
+    for pid in "${pids[@]}"; do wait "$pid" || code=$?; done
+    want="$(checksum_of "$WORK/t2-direct-0.log") $(checksum_of "$WORK/t2-direct-1.log")"
+    if [[ $code -ne 0 || $want != [0-9a-f]*" "[0-9a-f]* || ${want% *} != "${want#* }" ]]; then
+        t_fail transparent-2ranks-direct "exit $code, checksums of ranks 0 and 1: ${want:-none}" "$WORK/t2-direct-0.log"
+        return
+    fi
+    t_jit "$WORK/t2-proxy.log" 2 -- --rendezvous-dir "$WORK/t2-proxy-rv"
+    code=$?
+    got="$(rank_checksum_of 0 "$WORK/t2-proxy.log") $(rank_checksum_of 1 "$WORK/t2-proxy.log")"
+    t_libraries transparent-2ranks "$WORK/t2-proxy.log" || return
+    if [[ $code -ne 0 || $got != [0-9a-f]*" "[0-9a-f]* ]]; then
+        t_fail transparent-2ranks-proxy "exit $code, checksums of ranks 0 and 1: ${got:-none}" "$WORK/t2-proxy.log"
+        return
+    fi
     if [[ $got == "$want" ]]; then
         echo "PASS transparent-2ranks: both ranks ${got% *} through the proxies, as directly" \
-             "(ms/step: direct $(ms_per_step_of "$WORK/t2-direct-0.log"), proxies $(ms_per_step_of "$WORK/t2-proxy-0.log"))"
+             "(ms/step: direct $(ms_per_step_of "$WORK/t2-direct-0.log"), proxies $(ms_per_step_of "$WORK/t2-proxy.log"))"
     else
-        t_fail transparent-2ranks "through the proxies ${got}, directly ${want}" "$WORK/t2-proxy-0.log"
+        t_fail transparent-2ranks "through the proxies ${got}, directly ${want}" "$WORK/t2-proxy.log"
     fi
 }
 
