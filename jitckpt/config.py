@@ -43,6 +43,9 @@ ENV_WARM_RESTART = "JITCKPT_WARM_RESTART"
 ENV_TP_SIZE = "JITCKPT_TP_SIZE"
 ENV_PP_SIZE = "JITCKPT_PP_SIZE"
 ENV_ALLOW_WORLD_SIZE_CHANGE = "JITCKPT_ALLOW_WORLD_SIZE_CHANGE"
+# "1" (jit-run --allow-inexact-resume): a resume known not to repeat the fault-free run
+# (a rank's own per-rank state lost) goes on, and the report says "not bit-exact"; else the job stops.
+ENV_ALLOW_INEXACT_RESUME = "JITCKPT_ALLOW_INEXACT_RESUME"
 # Transparent mode (jit-run --transparent): "1" in every worker's environment.
 ENV_TRANSPARENT = "JITCKPT_TRANSPARENT"
 # The interpreter transparent mode's remote library runs the recovery rendezvous with.
@@ -61,6 +64,9 @@ DEFAULT_WARM_RESTART = "on"
 JIT_SAVED_EXIT_CODE = 75
 # Exit status of a worker whose JIT save failed or could not reach a safe point.
 JIT_SAVE_FAILED_EXIT_CODE = 76
+# Exit status of a worker that refused a resume known not to be bit-exact (DESIGN decision 15):
+# jit-run's agent stops the job on it instead of restarting, since every restart would meet the same.
+RESUME_REFUSED_EXIT_CODE = 77
 
 
 def env_float(name: str, default: float) -> float:

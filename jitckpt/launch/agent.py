@@ -2,7 +2,7 @@
 
 jit-run builds on torchrun rather than beside it: rendezvous (c10d, etcd),
 ``--max-restarts``, multi-node membership and node exclusion all stay
-torchrun's.  This module runs ``torch.distributed.run.main`` with five small
+torchrun's.  This module runs ``torch.distributed.run.main`` with six small
 patches to its ``LocalElasticAgent`` and process context:
 
 1. **Grace period.**  When one worker exits, torchrun tears down all local
@@ -29,7 +29,12 @@ patches to its ``LocalElasticAgent`` and process context:
    torchrun would count it as a failure, SIGTERM the other workers and redo
    the job from the last JIT checkpoint; the agent counts it as finished
    instead, and the report lists it.
-5. **Rendezvous round and generation.**  The workers learn the c10d
+5. **A refused resume stops the job.**  A worker that refuses a resume known
+   not to be bit-exact (``jitckpt.worker.resume.inexact_resume``) exits with
+   ``RESUME_REFUSED_EXIT_CODE``; every restart would meet the same, so the
+   agent spends no restart on it and lets torchrun stop the workers and
+   fail.
+6. **Rendezvous round and generation.**  The workers learn the c10d
    rendezvous round they were started in, which all nodes agree on, and use
    it to namespace their process-group store (see
    ``jitckpt.worker.instrument._give_each_attempt_its_own_store``).  They also learn how
@@ -123,6 +128,12 @@ def patch_agent() -> None:
                         worker_pid=failure.pid,
                         restarts_left=self._remaining_restarts,
                     )
+            refused = sorted(rank for rank, failure in result.failures.items()
+                             if failure.exitcode == config.RESUME_REFUSED_EXIT_CODE)
+            if refused and self._remaining_restarts > 0:  # patch 5
+                emit(f"[jit-run] rank{'s' if len(refused) > 1 else ''} {', '.join(map(str, refused))} refused to "
+                     f"resume (the resume would not be bit-exact; the reason is above): stopping the job, no restart")
+                self._remaining_restarts = 0
         return result
 
     original_rendezvous = agent_api.SimpleElasticAgent._rendezvous

@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "let it become the replacement worker when torchrun restarts the workers (restarts skip "
                              "Python start-up and `import torch`; idle standbys cost memory); off: torchrun spawns "
                              f"fresh interpreters [{config.ENV_WARM_RESTART}, default %(default)s]")
+    parser.add_argument("--allow-inexact-resume", action="store_true",
+                        default=env(config.ENV_ALLOW_INEXACT_RESUME, "") == "1",
+                        help="go on when a rank's own per-rank state for the resumed minibatch cannot be found (its "
+                             "data loader's position and seeds, lost with its host); the run is then not bit-exact "
+                             "and the report's outcome says so. Without it the job stops with the reason "
+                             f"[{config.ENV_ALLOW_INEXACT_RESUME}=1]")
     parser.add_argument("--keep", type=int, default=3,
                         help="keep the newest N complete checkpoint steps, prune older ones at start (default %(default)s)")
     parser.add_argument("--transparent", action="store_true",
@@ -206,6 +212,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         config.ENV_RUN_DIR: str(run_dir),
         config.ENV_SHM_DIR: str(shm_dir),
         config.ENV_WARM_RESTART: args.warm_restart,
+        config.ENV_ALLOW_INEXACT_RESUME: "1" if args.allow_inexact_resume else "0",
     })
     # torch >= 2.4 lets the workers share the rendezvous store hosted by the
     # agent of group rank 0.  If that node is lost, the others cannot form the
@@ -349,7 +356,11 @@ def main(argv: list[str]) -> int:
         say(f"report written to {report_path}")
     except OSError as exc:
         say(f"could not write the report to {report_path}: {exc}")
-    if code != 0:
+    if result["stopped_because"]:
+        say("the job stopped: resuming would not have repeated the fault-free run (the reason is above); the "
+            "checkpoints are kept. Rerun with --allow-inexact-resume to go on anyway, or with a fresh "
+            "--checkpoint-dir to start afresh")
+    elif code != 0:
         say(f"the job failed (torchrun exit status {code})" +
             ("; rerun the same command to resume from the newest JIT checkpoint" if max_restarts(torchrun_args) == 0 else ""))
     return code

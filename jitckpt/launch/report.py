@@ -27,7 +27,8 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
     detections = _of(records, "jit_detected", attempt)
     saves = _of(records, "jit_saved", attempt)
     save_failures = _of(records, "jit_save_failed", attempt)
-    real_failures = [f for f in agent_failures if f.get("exitcode") not in (config.JIT_SAVED_EXIT_CODE, config.JIT_SAVE_FAILED_EXIT_CODE)]
+    own_exits = (config.JIT_SAVED_EXIT_CODE, config.JIT_SAVE_FAILED_EXIT_CODE, config.RESUME_REFUSED_EXIT_CODE)
+    real_failures = [f for f in agent_failures if f.get("exitcode") not in own_exits]
     frozen = [e for e in records if e["event"] == "worker_frozen_killed" and window[0] <= e["time"] <= window[1]]
 
     what: list[str] = []
@@ -39,6 +40,8 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
         what.append(f"rank {f['rank']}: {how}")
     for e in frozen:
         what.append(f"rank {e['rank']}: hung (process frozen), killed by jit-run at teardown")
+    for e in _of(records, "resume_refused", attempt):
+        what.append(f"rank {e['rank']}: refused to resume from minibatch {e.get('step')}: {e['reason']}")
 
     candidates = [e["time"] for e in injected] + [f["time"] for f in real_failures]
     candidates += [d["collective_since"] for d in detections if d.get("collective_since")]
@@ -126,10 +129,21 @@ def build(records: list[dict], exit_code: int, command: list[str]) -> dict[str, 
         if f["restart_seconds"] is not None and f["resume_seconds"] is not None
     ]
     final_steps = [e["step"] for e in _of(records, "worker_exit")]
+    # DESIGN decision 15: a resume known not to be bit-exact stops the job, or is named in the outcome.
+    stopped_because = [f"rank {e['rank']}: {e['reason']}" for e in _of(records, "resume_refused")]
+    not_bit_exact = [f"rank {e['rank']}, minibatch {e.get('step')}: {e['reason']}" for e in _of(records, "resume_inexact")]
+    if stopped_because:
+        outcome = "stopped"
+    elif exit_code != 0:
+        outcome = "failed"
+    else:
+        outcome = "completed, not bit-exact" if not_bit_exact else "completed"
     return {
         "report_version": REPORT_VERSION,
         "command": command,
-        "outcome": "completed" if exit_code == 0 else "failed",
+        "outcome": outcome,
+        "stopped_because": stopped_because,
+        "not_bit_exact": not_bit_exact,
         "exit_code": exit_code,
         "attempts": len(attempts),
         "restarts": max(0, len(attempts) - 1),
@@ -163,6 +177,11 @@ def render(report: dict[str, Any]) -> str:
     lines = ["", "=" * 72, "jitckpt recovery report", "=" * 72]
     lines.append(f"outcome: {report['outcome']} (exit code {report['exit_code']}), attempts: {report['attempts']}, "
                  f"restarts: {report['restarts']}, final minibatch: {_fmt(report['final_minibatch'])}")
+    for why in report.get("stopped_because", []):
+        lines.append(f"stopped: {why} (a resume that is not bit-exact is refused; jit-run --allow-inexact-resume "
+                     f"lets it go on)")
+    for why in report.get("not_bit_exact", []):
+        lines.append(f"not bit-exact (--allow-inexact-resume): {why}")
     if not report["failures"]:
         lines.append("no failures.")
     for n, f in enumerate(report["failures"], 1):

@@ -5,11 +5,17 @@
 newest step covering every shard, from any replica of this rank's shard);
 the RNG state is this rank's own, found in whichever replica's checkpoint
 carried the host stash that held it.
+
+A resume that jitckpt knows cannot repeat the fault-free run (a rank's own
+per-rank state is nowhere to be found) goes through ``inexact_resume``: it
+stops the job with the reason (DESIGN decision 15), unless the user asked to
+go on with ``jit-run --allow-inexact-resume``.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import TYPE_CHECKING
 
@@ -95,6 +101,37 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
         rt.own_state[stash.LOADER] = loader_state  # jitckpt.adapters.torchdata_loader hands it to the loaders
     eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path),
                     rng_restored=payload is not None, loader_state=loader_state is not None)
+
+
+def inexact_allowed() -> bool:
+    """True if the user let resumes known not to be bit-exact go on (jit-run --allow-inexact-resume)."""
+    return os.environ.get(config.ENV_ALLOW_INEXACT_RESUME) == "1"
+
+
+def inexact_resume(rt: "JitRuntime", reason: str) -> None:
+    """This rank's resume cannot repeat the fault-free run, for ``reason``: stop the job, or go on if allowed.
+
+    Stopping ends this worker with ``RESUME_REFUSED_EXIT_CODE``, on which
+    jit-run's agent stops the job instead of restarting it (every restart
+    would meet the same); the checkpoints are kept.  With
+    ``--allow-inexact-resume`` it returns, and the report's outcome says
+    "not bit-exact".
+    """
+    step = rt.resumed_from
+    if inexact_allowed():
+        log(f"warning: {reason}; going on because of --allow-inexact-resume: this run is not bit-exact")
+        eventlog.record("resume_inexact", rank=rt.rank, attempt=rt.attempt, step=step, reason=reason)
+        return
+    log(f"stopping the job: {reason}. Resuming would not repeat the fault-free run, so this rank refuses to "
+        f"(the checkpoints in {rt.checkpoint_root} are kept). To go on anyway, with results that differ from a "
+        f"fault-free run, rerun with jit-run --allow-inexact-resume ({config.ENV_ALLOW_INEXACT_RESUME}=1)")
+    eventlog.record("resume_refused", rank=rt.rank, attempt=rt.attempt, step=step, reason=reason)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(config.RESUME_REFUSED_EXIT_CODE)  # not an exception: the script must not catch it and go on
 
 
 def fresh_start(rt: "JitRuntime") -> None:
