@@ -15,6 +15,9 @@ workers' generators restart from the seed.
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -59,6 +62,82 @@ def test_stateful_dataloader_script_resumes_bit_exact(tmp_path, loader_reference
     assert result.output.count("data loader #0: ") >= NPROC, result.output[-4000:]
     assert "were lost" not in result.output, result.output[-4000:]
     assert result.sha == expected, result.output[-4000:]
+
+
+# 72 samples over 3 ranks in batches of 4: 6 minibatches per epoch, so minibatch 9 is the fourth of epoch 1.
+SIX_PER_EPOCH = ["--samples", "72"]
+
+
+@pytest.mark.parametrize("where", ["hook", "wrapped"])
+def test_a_rank_killed_inside_its_optimizer_step_in_the_second_epoch_resumes_with_its_own_loader_state(
+        tmp_path, loader_reference, where):
+    """Rank 0 SIGKILLs itself inside ``optimizer.step()`` of minibatch 9 (the fourth of epoch 1); its replicas
+    save minibatch 10, which rank 0 never reached.  ``hook``: from the optimizer's own step pre-hook, after
+    torch's global ones; ``wrapped``: in a wrapper the script put around ``optimizer.step``, before any hook.
+    Before the fix the wrapped kill left rank 0 with no loader state for minibatch 10: it took rank 1's
+    position, seeds and worker RNG, and the job reported success with other parameters."""
+    expected = _reference(loader_reference, SIX_PER_EPOCH)
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT,
+                     args=[*SIX_PER_EPOCH, "--die-in-step", f"0:9:{where}"])
+    assert "rank 0: dying (kill) inside optimizer.step() of minibatch 9" in result.output, result.output[-4000:]
+    assert result.returncode == 0, result.output[-4000:]
+    assert "JIT checkpoint of minibatch 10 committed" in result.output, result.output[-4000:]
+    for rank in range(NPROC):
+        assert (f"[jitckpt rank {rank}] data loader #0: resuming with rank {rank}'s own position, seeds and worker "
+                f"RNG for minibatch 10") in result.output, result.output[-4000:]
+    assert result.report is not None and result.report["outcome"] == "completed", result.report
+    assert result.sha == expected, result.output[-4000:]
+
+
+def _lose_rank_loader_state(step_dir, rank: int) -> int:
+    """What a lost host leaves: no copy of ``rank``'s own loader state in any replica's checkpoint of the step
+    (the file and its metadata entry removed); returns how many copies were removed."""
+    name = f"jitckpt-loader/rank-{rank:05d}.bin"
+    removed = 0
+    for replica in sorted(step_dir.glob("rank-*")):
+        meta_path = replica / "jitckpt-meta.json"
+        meta = json.loads(meta_path.read_text())
+        if name in meta["files"]:
+            del meta["files"][name]
+            (replica / name).unlink()
+            meta_path.write_text(json.dumps(meta))
+            removed += 1
+    return removed
+
+
+def test_a_rank_whose_own_loader_state_is_lost_stops_the_job_with_the_reason(tmp_path, loader_reference):
+    """Rank 0's own loader state for the resumed minibatch is in no checkpoint and no stash (its host lost):
+    the job stops at once, naming the rank, the minibatch and the option, and the report says why; it never
+    resumes with a replica's data position.  With --allow-inexact-resume it goes on, and the report says
+    "not bit-exact"."""
+    ckpt = tmp_path / "ckpt"
+    args = [*SIX_PER_EPOCH, "--die-in-step", "0:9:wrapped"]
+    first = run_jit(ckpt, nproc=NPROC, max_restarts=0, script=SCRIPT, args=args)
+    assert first.returncode != 0 and (ckpt / "step-00000010").is_dir(), first.output[-4000:]
+    assert not (ckpt / "step-00000010" / "rank-00000").exists()  # rank 0 died: only its replicas saved
+    assert _lose_rank_loader_state(ckpt / "step-00000010", 0) == NPROC - 1
+    kept = tmp_path / "ckpt-copy"
+    shutil.copytree(ckpt, kept)
+
+    stopped = run_jit(ckpt, nproc=NPROC, max_restarts=2, script=SCRIPT, args=SIX_PER_EPOCH)
+    assert stopped.returncode != 0, stopped.output[-4000:]
+    assert "final parameters sha256" not in stopped.output, stopped.output[-4000:]
+    assert "[jitckpt rank 0] data loader #0: resuming with" not in stopped.output, stopped.output[-4000:]
+    assert ("rank 0's own data-loader state (data loader #0) for minibatch 10 is in no checkpoint and no "
+            "stash") in stopped.output, stopped.output[-4000:]
+    assert "--allow-inexact-resume" in stopped.output, stopped.output[-4000:]
+    report = stopped.report
+    assert report is not None and report["outcome"] == "stopped", report
+    assert report["attempts"] == 1, report  # stopped at once: torchrun's restarts are not spent on it
+    assert any("rank 0" in why and "minibatch 10" in why for why in report["stopped_because"]), report
+    assert "outcome: stopped" in stopped.output and "not bit-exact" in stopped.output, stopped.output[-3000:]
+
+    allowed = run_jit(kept, nproc=NPROC, max_restarts=0, script=SCRIPT, args=SIX_PER_EPOCH,
+                      jit_options=["--allow-inexact-resume"])
+    assert allowed.returncode == 0, allowed.output[-4000:]
+    assert allowed.report is not None and allowed.report["outcome"] == "completed, not bit-exact", allowed.report
+    assert any("rank 0" in why for why in allowed.report["not_bit_exact"]), allowed.report
+    assert "completed, not bit-exact" in allowed.output, allowed.output[-3000:]
 
 
 NOISE_SCRIPT = REPO / "tests" / "user_programs" / "noise_before_forward.py"

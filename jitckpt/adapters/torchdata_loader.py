@@ -19,15 +19,23 @@ What this adapter does, with no change to the script:
 - at the first ``next()`` of each minibatch, before the batch is fetched, the
   loader's state (the position where minibatch i starts) goes into this
   rank's host stash (``jitckpt.worker.stash``), together with the rank's RNG
-  state at that point; right before each optimizer step the state after the
-  minibatch's last batch is stashed for i+1 (a rank that dies inside its step
-  is saved at i+1 by its replicas);
+  state at that point; at the minibatch's gradient collectives (DDP's
+  all-reduce in backward), and again right before each optimizer step if a
+  batch was fetched since, the state after the minibatch's last batch is
+  stashed for i+1: a rank that dies inside its optimizer step is saved at
+  i+1 by its replicas, and it may die there before any of torch's step hooks
+  run (a wrapper the script put around ``optimizer.step``);
+- each stash entry holds every loader of the rank: one that fetched nothing
+  since the last entry keeps its state, one that never fetched is marked as
+  not started (it then starts afresh on resume, as it did);
 - during a JIT save ``loader.state_dict()`` returns the stashed start of the
   saved minibatch, and the JIT save copies every local rank's stash into the
   checkpoint;
 - on resume ``loader.load_state_dict(state)`` is given this rank's own state
   instead of whatever file the script read (a replica's, for a replacement
-  rank); where the rank's own state was lost with its host, it says so;
+  rank); where a replacement rank's own state cannot be found (lost with its
+  host), the job stops with the reason (DESIGN decision 15,
+  ``jitckpt.worker.resume.inexact_resume``) rather than take a replica's;
 - the worker processes add their RNG states (torch, ``random``, NumPy) to
   the per-worker state torchdata already snapshots with each batch, and put
   them back when they are restarted from such a state;
@@ -46,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from jitckpt import worker
 from jitckpt.store import safe_codec
-from jitckpt.worker import rng_state, stash
+from jitckpt.worker import resume, rng_state, stash
 from jitckpt.worker.console import log
 from jitckpt.worker.save import in_jit_save
 
@@ -57,6 +65,13 @@ if TYPE_CHECKING:
 WORKER_RNG_KEY = "_jitckpt_worker_rng"
 # A loader's stashed state when the minibatch starts on a new epoch's iterator, not yet created.
 EPOCH_END = {"_jitckpt_epoch_end": True}
+# A loader's stashed state when it has not yielded a batch yet: on resume it starts afresh, as it did.
+NOT_STARTED = {"_jitckpt_not_started": True}
+
+
+def _is_marker(state: Any, marker: dict[str, bool]) -> bool:
+    """True if ``state`` is ``marker`` (compared without comparing a real state's tensors)."""
+    return isinstance(state, dict) and len(state) == 1 and state.get(next(iter(marker))) is True
 
 
 def _exhausted(iterator: Any) -> bool:
@@ -67,19 +82,35 @@ def _exhausted(iterator: Any) -> bool:
 
 
 class LoaderPositions:
-    """This process's stateful loaders and, per minibatch, the state each one starts it with."""
+    """This process's stateful loaders and, per minibatch, the state each one starts it with.
+
+    ``_states[i][n]`` is where loader ``n`` stands when minibatch ``i`` starts.
+    It is recorded at ``n``'s first fetch in ``i``; for ``i+1`` at the end of
+    ``i`` (gradient collectives, optimizer pre-step) if ``n`` fetched in
+    ``i``; carried over from ``i`` if ``n`` fetched nothing since the last
+    optimizer step; ``NOT_STARTED`` if ``n`` never fetched nor was loaded; on
+    resume, what ``n`` was loaded with.  Every write of an entry goes to this
+    rank's host stash whole.
+    """
 
     def __init__(self, rt: "JitRuntime") -> None:
         self.rt = rt
         self._numbers = itertools.count()
+        self._loaders: dict[int, weakref.ref] = {}  # loader number -> the loader
         self._states: dict[int, dict[int, Any]] = {}  # step -> {loader number: state}
         self._started: dict[int, int] = {}  # loader number -> the step whose start it has recorded
         self._active: dict[int, weakref.ref] = {}  # loaders that yielded since the last optimizer step
+        self._known: set[int] = set()  # loaders that yielded a batch or were loaded with a state
+        self._fetches = 0  # batches yielded by this process's loaders: the positions change with it
+        self._next_stashed: tuple[int, int] | None = None  # (step, fetches) when step+1's positions were stashed
         self._own: dict[int, Any] | None = None
+        self._encoded: tuple[list[tuple[int, Any]], bytes] | None = None  # the last entry encoded, and its bytes
         self._warned: set[str] = set()
 
-    def number(self) -> int:
-        return next(self._numbers)
+    def number(self, loader: Any) -> int:
+        number = next(self._numbers)
+        self._loaders[number] = weakref.ref(loader)
+        return number
 
     # ----- recording ---------------------------------------------------------------
 
@@ -97,6 +128,8 @@ class LoaderPositions:
         """After a ``next()`` that yielded a batch: record the minibatch's start (first fetch only)."""
         number = loader._jitckpt_number
         self._active[number] = weakref.ref(loader)
+        self._known.add(number)
+        self._fetches += 1
         if before is None:
             return
         step = self.rt.step
@@ -104,10 +137,24 @@ class LoaderPositions:
         state, rng = before
         if self.rt.stash is not None:
             self.rt.stash.put(step, rng)
-        self._put(step, number, state)
+        self._entry(step)[number] = state
+        self._write(step)
 
-    def before_optimizer_step(self) -> None:
-        """Right before an optimizer step: each active loader's state is where minibatch step+1 starts."""
+    def next_positions_final(self) -> None:
+        """At a gradient collective, and right before an optimizer step: stash where minibatch step+1 starts.
+
+        The minibatch's forward passes, and so its fetches, are over at its
+        gradient collectives; a batch fetched after them (before the optimizer
+        step) is caught by the pre-step's call.  Stashed at the collective, the
+        positions survive a rank that dies inside ``optimizer.step()`` before
+        torch's step hooks run, whose replicas save step+1.
+        """
+        key = (self.rt.step, self._fetches)
+        if key == self._next_stashed:
+            return  # nothing fetched since: the stashed positions stand
+        self._next_stashed = key
+        step = self.rt.step + 1
+        states = self._entry(step)
         for number, ref in list(self._active.items()):
             loader = ref()
             if loader is None or loader._iterator is None:
@@ -115,25 +162,73 @@ class LoaderPositions:
             iterator = loader._iterator
             # An exhausted iterator: the next minibatch starts on a new one, whose seeds the rank draws
             # from its generator when the script calls iter() again; record that, not the old position.
-            state = EPOCH_END if _exhausted(iterator) else iterator.state_dict()
-            self._put(self.rt.step + 1, number, state)
+            states[number] = EPOCH_END if _exhausted(iterator) else iterator.state_dict()
+        self._write(step)
+
+    def gradient_collective(self) -> None:
+        """The runtime's gradient-collective hook: never lets a failure here break the backward pass."""
+        try:
+            self.next_positions_final()
+        except Exception as exc:  # a loader whose state cannot be read: say so once, train on
+            self._warn_once("collective", f"warning: data loaders' positions not stashed at a gradient collective "
+                                          f"({type(exc).__name__}: {exc}); the optimizer pre-step stashes them")
+
+    def before_optimizer_step(self) -> None:
+        """Right before an optimizer step: each active loader's state is where minibatch step+1 starts."""
+        self.next_positions_final()
         self._active.clear()
 
-    def _put(self, step: int, number: int, state: Any) -> None:
+    def loaded(self, loader: Any, state: Any) -> None:
+        """On resume: ``loader`` starts the resumed minibatch with ``state``.
+
+        Recorded, not stashed yet: the stash entry this attempt read stays
+        whole until the minibatch's first fetch writes a complete one (the
+        script may load its other loaders after this one).
+        """
+        number = loader._jitckpt_number
+        self._known.add(number)
+        self._entry(self.rt.step)[number] = state
+
+    def _entry(self, step: int) -> dict[int, Any]:
+        """The states minibatch ``step`` starts with (created, with older entries dropped, on first use)."""
         for old in [s for s in self._states if s < step - 1]:
             del self._states[old]
-        states = self._states.setdefault(step, {})
-        states[number] = state
+        return self._states.setdefault(step, {})
+
+    def _write(self, step: int) -> None:
+        """Complete the entry of ``step`` with the loaders it lacks, and stash it."""
+        states = self._states[step]
+        previous = self._states.get(step - 1, {})
+        for number, ref in list(self._loaders.items()):
+            if ref() is None:
+                del self._loaders[number]
+            elif number in states or number in self._active:
+                continue  # recorded, or moved since the last optimizer step: recorded by its own fetches
+            elif number in previous:
+                states[number] = previous[number]  # fetched nothing since: it starts step where it started step-1
+            elif number not in self._known:
+                states[number] = NOT_STARTED
         try:
-            payload = safe_codec.encode(states)
+            payload = self._encode(states)
         except safe_codec.SafeCodecError as exc:
-            self._warn_once(f"encode-{number}", f"warning: data loader #{number}'s state cannot be stashed ({exc}); "
-                                                f"a replacement rank will resume with its replica's data position")
+            self._warn_once("encode", f"warning: the data loaders' state cannot be stashed ({exc}); a replacement "
+                                      f"rank will find no state of its own and stop the job")
             return
         try:
             self.rt.stash_rank_state(stash.LOADER, step, payload)
         except stash.StashFull as exc:
-            self._warn_once(f"full-{number}", f"warning: data loaders' state not stashed: {exc}")
+            self._warn_once("full", f"warning: data loaders' state not stashed: {exc}")
+
+    def _encode(self, states: dict[int, Any]) -> bytes:
+        """``states`` encoded; the last encoding again if it holds the very same state objects (nothing moved)."""
+        items = sorted(states.items())
+        cached = self._encoded
+        if cached is not None and len(cached[0]) == len(items) and all(
+                a[0] == b[0] and a[1] is b[1] for a, b in zip(cached[0], items)):
+            return cached[1]
+        payload = safe_codec.encode(states)
+        self._encoded = (items, payload)
+        return payload
 
     def state_at(self, loader: Any, step: int) -> Any | None:
         return self._states.get(step, {}).get(loader._jitckpt_number)
@@ -141,7 +236,7 @@ class LoaderPositions:
     # ----- resuming ----------------------------------------------------------------
 
     def own_state(self, loader: Any) -> tuple[bool, Any]:
-        """(found, state): this rank's own stashed state of ``loader`` for the resumed minibatch (once per loader)."""
+        """(found, state): this rank's own stashed state of ``loader`` for the resumed minibatch."""
         if self._own is None:
             payload = self.rt.own_state.pop(stash.LOADER, None)
             self._own = {}
@@ -155,7 +250,7 @@ class LoaderPositions:
                         self._own = decoded
         number = loader._jitckpt_number
         if number in self._own:
-            return True, self._own.pop(number)
+            return True, self._own[number]
         return False, None
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -174,6 +269,7 @@ def _get_positions(rt: "JitRuntime") -> LoaderPositions:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         positions = _positions
+        rt.gradient_collective_hooks.append(positions.gradient_collective)
         handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: positions.before_optimizer_step())
         # First of the global pre-step hooks: the state must be stashed before anything in the step can fail.
         hooks = handle.hooks_dict_ref()
@@ -205,7 +301,7 @@ def _attach_main_process(loader_cls: type, iterator_cls: type) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         rt = worker.current()
-        self._jitckpt_number = _get_positions(rt).number() if rt is not None else None
+        self._jitckpt_number = _get_positions(rt).number(self) if rt is not None else None
 
     @functools.wraps(original_iter)
     def __iter__(self: Any) -> Any:
@@ -236,29 +332,42 @@ def _attach_main_process(loader_cls: type, iterator_cls: type) -> None:
         rt = worker.current()
         if rt is not None and in_jit_save() and getattr(self, "_jitckpt_number", None) is not None:
             saved = _get_positions(rt).state_at(self, rt.step)
-            if saved is not None and saved != EPOCH_END:
+            if saved is not None and not _is_marker(saved, EPOCH_END) and not _is_marker(saved, NOT_STARTED):
                 return saved  # where the saved minibatch starts, not where the loader is now
         return original_state_dict(self)
 
     @functools.wraps(original_load)
     def load_state_dict(self: Any, state_dict: Any) -> Any:
         rt = worker.current()
-        if rt is not None and rt.resumed_from is not None and getattr(self, "_jitckpt_number", None) is not None:
-            found, own = _get_positions(rt).own_state(self)
-            if found and own == EPOCH_END:
-                log(f"data loader #{self._jitckpt_number}: minibatch {rt.resumed_from} starts a new epoch; "
-                    f"rank {rt.rank}'s loader draws its seeds again from the rank's own generator")
-                self._jitckpt_new_epoch = True
-                return original_load(self, {})
-            if found:
-                log(f"data loader #{self._jitckpt_number}: resuming with rank {rt.rank}'s own position, seeds and "
-                    f"worker RNG for minibatch {rt.resumed_from}")
-                state_dict = own
-            elif rt.checkpoint is not None and int(rt.checkpoint.meta.get("rank", rt.rank)) != rt.rank:
-                log(f"warning: data loader #{self._jitckpt_number}: rank {rt.rank}'s own data position and seeds "
-                    f"for minibatch {rt.resumed_from} were lost (its host's stash did not survive); it loads "
-                    f"rank {rt.checkpoint.meta.get('rank')}'s, so this rank's batches and augmentation will differ "
-                    f"from a fault-free run")
+        if rt is None or rt.resumed_from is None or getattr(self, "_jitckpt_number", None) is None:
+            return original_load(self, state_dict)
+        positions = _get_positions(rt)
+        number, step = self._jitckpt_number, rt.resumed_from
+        found, own = positions.own_state(self)
+        if found and _is_marker(own, EPOCH_END):
+            log(f"data loader #{number}: minibatch {step} starts a new epoch; rank {rt.rank}'s loader draws its "
+                f"seeds again from the rank's own generator")
+            self._jitckpt_new_epoch = True
+            positions.loaded(self, EPOCH_END)
+            return original_load(self, {})
+        if found and _is_marker(own, NOT_STARTED):
+            log(f"data loader #{number}: rank {rt.rank}'s loader had not yielded a batch by minibatch {step}; "
+                f"it starts afresh, as it did")
+            positions.loaded(self, NOT_STARTED)
+            return original_load(self, {})
+        if found:
+            log(f"data loader #{number}: resuming with rank {rt.rank}'s own position, seeds and worker RNG for "
+                f"minibatch {step}")
+            state_dict = own
+        else:
+            owner = rt.checkpoint.meta.get("rank", rt.rank) if rt.checkpoint is not None else rt.rank
+            if int(owner) != rt.rank:
+                # Never a replica's: its position, seeds and worker RNG are another rank's (DESIGN decision 10).
+                resume.inexact_resume(rt, (
+                    f"rank {rt.rank}'s own data-loader state (data loader #{number}) for minibatch {step} is in no "
+                    f"checkpoint and no stash (its host was lost, or it was never stashed); the checkpoint this rank "
+                    f"loads is rank {owner}'s, whose data position, seeds and worker RNG are not this rank's"))
+        positions.loaded(self, state_dict)
         return original_load(self, state_dict)
 
     loader_cls.__init__ = __init__

@@ -65,6 +65,10 @@ class JitRuntime:
         self._rank_stashes: dict[str, stash.StepStash] = {}
         # After a resume: this rank's own stashed state of other kinds (stash.LOADER) for the resumed step.
         self.own_state: dict[str, bytes] = {}
+        # Called at every gradient collective the training thread issues, once the RNG state of
+        # step+1 is stashed: per-rank state of other kinds (the data loaders' positions,
+        # jitckpt.adapters.torchdata_loader) is stashed for step+1 there too.
+        self.gradient_collective_hooks: list[Callable[[], None]] = []
 
         self.save_fn: SaveFunction | None = None
         self.buffer_snapshots = module_buffers.BufferSnapshots()
@@ -247,7 +251,9 @@ class JitRuntime:
         unless the script draws random numbers between backward() and
         optimizer.step().  Stash it now, once per backward: a rank that dies
         before its optimizer pre-step hook (in gradient clipping, logging, a
-        GradScaler) is resumed by its replicas at step+1 with this state.
+        GradScaler, a wrapper around ``optimizer.step``) is resumed by its
+        replicas at step+1 with this state; ``gradient_collective_hooks`` stash
+        its other per-rank state for step+1 here too, at every such collective.
         Every optimizer pre-step re-arms this, so a GAN's generator backward
         (after the discriminator's step) and a closure's backward (inside
         ``optimizer.step(closure)``) stash again, after their forward passes.
@@ -256,6 +262,8 @@ class JitRuntime:
         if self._next_rng_stashed != self.step + 1:
             self._next_rng_stashed = self.step + 1
             self.stash_rng(self.step + 1)
+        for hook in self.gradient_collective_hooks:
+            hook()
 
     def collective_entry(self, what: str) -> None:
         """A collective is about to be issued by the training thread: a safe point."""

@@ -7,7 +7,12 @@
 - save(): model, optimizer, ``loader.state_dict()`` and the loop counters;
   resume: the same, loaded back with ``loader.load_state_dict``;
 - ``--die RANK:STEP:HOW`` makes that rank kill (SIGKILL) or freeze (SIGSTOP)
-  itself right after fetching the batch of minibatch STEP, in attempt 0.
+  itself right after fetching the batch of minibatch STEP, in attempt 0;
+- ``--die-in-step RANK:STEP[:WHERE]`` makes that rank SIGKILL itself inside
+  ``optimizer.step()`` of minibatch STEP, in attempt 0 (its replicas save
+  STEP+1): WHERE ``hook`` (default) kills in the optimizer's own step
+  pre-hook, after torch's global ones; ``wrapped`` in a wrapper the script
+  put around ``optimizer.step``, before any of torch's hooks run.
 
 Prints ``final parameters sha256 <hex>`` on rank 0.
 """
@@ -56,6 +61,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--die", default="")
+    p.add_argument("--die-in-step", default="")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -65,13 +71,33 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    progress = {"epoch": 0, "step": 0}
+    if args.die_in_step and attempt == 0:
+        step_rank, step_at, where = (args.die_in_step.split(":") + ["hook"])[:3]
+        if where not in ("hook", "wrapped"):
+            p.error(f"--die-in-step RANK:STEP[:hook|wrapped], got {args.die_in_step!r}")
+
+        def die_if_due() -> None:
+            if rank == int(step_rank) and progress["step"] == int(step_at):
+                print(f"rank {rank}: dying (kill) inside optimizer.step() of minibatch {step_at}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        if where == "hook":  # the optimizer's own step pre-hook: after torch's global pre-step hooks
+            optimizer.register_step_pre_hook(lambda opt, a, kw: die_if_due())
+        else:  # "wrapped": the script wraps optimizer.step (timing, logging), before any of torch's hooks
+            inner_step = optimizer.step
+
+            def step(*a: object, **kw: object) -> object:
+                die_if_due()
+                return inner_step(*a, **kw)
+
+            optimizer.step = step
     torch.manual_seed(args.seed + 1 + rank)  # per-rank: dropout masks and the loader's base seed
     random.seed(args.seed + 1 + rank)
 
     dataset = NoisySines(args.samples)
     sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)
     loader = StatefulDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=args.workers)
-    progress = {"epoch": 0, "step": 0}
 
     def save(path: str) -> None:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
