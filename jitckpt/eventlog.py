@@ -1,13 +1,15 @@
 """Per-process event log: what each worker and the agent saw, with timestamps.
 
 Every process of a job appends JSON lines to its own file in the run directory
-(``JITCKPT_RUN_DIR``), so no two processes ever write the same file.  jit-run
+(``JITCKPT_RUN_DIR``), so no two processes ever write the same file; the files
+are owner-only (0600, their folder 0700), whatever the umask.  jit-run
 reads them all back to build the recovery report.  Timestamps are wall-clock
 (time.time()) because they are compared across processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -26,8 +28,14 @@ def _open() -> Any:
         if not run_dir:
             return None
         path = Path(run_dir) / "events"
-        path.mkdir(parents=True, exist_ok=True)
-        _log_file = open(path / f"{os.getpid()}-{time.time_ns()}.jsonl", "a", buffering=1)
+        for folder in (path.parent, path):  # jit-run has made the run directory (0700); a hand-started worker may not
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o700)
+                os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask
+        fd = os.open(path / f"{os.getpid()}-{time.time_ns()}.jsonl",
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)
+        _log_file = open(fd, "a", buffering=1)
     return _log_file
 
 

@@ -30,13 +30,23 @@ class CheckpointInfo:
 
 
 class PendingCheckpoint(abc.ABC):
-    """A rank's save in progress: ``path`` to write into, invisible until ``commit``."""
+    """A rank's save in progress: ``path`` for the user's save function, invisible until ``commit``.
+
+    Every file of a checkpoint goes through the store, which sets its mode:
+    jitckpt's own through ``write_file``, the user's when ``commit`` takes them.
+    """
 
     path: Path
 
     @abc.abstractmethod
+    def write_file(self, name: str, data: bytes) -> Path:
+        """Add jitckpt's own file ``name`` (a relative ``/``-separated path; folders are made as needed),
+        owner-only; returns where it is.  ValueError for a name outside the checkpoint."""
+
+    @abc.abstractmethod
     def commit(self, extra_meta: dict | None = None) -> Path:
-        """Record integrity data and metadata last, publish atomically; returns the final location."""
+        """Make every file owner-only, record integrity data and metadata last, publish atomically;
+        returns the final location."""
 
     @abc.abstractmethod
     def abandon(self) -> None:

@@ -8,10 +8,13 @@ Layout under the checkpoint directory::
                                    size, parallel coordinates, file checksums
         .rank-00001.partial-4711/  a save still running, or one that died
 
-Every directory jitckpt creates here is owner-only (0700) and its metadata
-0600, whatever the umask; a root that other users can write to is refused
-(``check_private``), as ssh refuses such a key directory: whoever can write
-there decides what every rank loads.
+Everything in a checkpoint is owner-only, whatever the umask: jitckpt's own
+folders 0700 and files 0600 from their creation (``jitckpt.store.private``;
+the worker's copies of the ranks' stashes go through ``write_file``), and what
+the user's save function wrote loses its group and other bits at commit.  A
+root that other users can write to is refused (``check_private``), as ssh
+refuses such a key directory: whoever can write there decides what every rank
+loads.
 
 A save writes into a hidden ``.partial`` directory, checksums every file,
 writes the metadata, then renames the directory to ``rank-NNNNN`` in one
@@ -40,7 +43,7 @@ import re
 import shutil
 import time
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 import xxhash
@@ -48,7 +51,9 @@ import xxhash
 from jitckpt.store import selection
 from jitckpt.store.base import CheckpointInfo, CheckpointStore, PendingCheckpoint
 from jitckpt.store.errors import CheckpointError, CheckpointWarning
+from jitckpt.store.private import make_private_dir, restrict_to_owner, write_private_file
 from jitckpt.store.shard import ParallelCoordinates
+
 META_FILE = "jitckpt-meta.json"
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
@@ -61,22 +66,6 @@ def step_dir(root: Path, step: int) -> Path:
 
 def rank_dir_name(rank: int) -> str:
     return f"rank-{rank:05d}"
-
-
-PRIVATE_DIR_MODE = 0o700
-
-
-def make_private_dir(path: Path, parents: bool = False) -> None:
-    """Create directory ``path`` (and missing parents) owner-only, whatever the umask; an existing one is left as is."""
-    if parents and not path.parent.exists():
-        make_private_dir(path.parent, parents=True)
-    try:
-        os.mkdir(path, PRIVATE_DIR_MODE)
-    except FileExistsError:
-        if not path.is_dir():
-            raise
-        return
-    os.chmod(path, PRIVATE_DIR_MODE)  # mkdir's mode is masked by the umask
 
 
 def check_private(root: Path) -> None:
@@ -106,10 +95,7 @@ def check_writable(root: str | os.PathLike) -> Path:
         make_private_dir(path, parents=True)
         check_private(path)
         probe = path / f".jitckpt-write-probe-{os.getpid()}"
-        with open(probe, "wb") as f:
-            f.write(b"probe")
-            f.flush()
-            os.fsync(f.fileno())
+        write_private_file(probe, b"probe", sync=True)
         os.replace(probe, probe.with_suffix(".renamed"))
         os.unlink(probe.with_suffix(".renamed"))
     except OSError as exc:
@@ -168,6 +154,7 @@ class PendingSave(PendingCheckpoint):
         Returns the final directory.  If a verified checkpoint of the same step
         and rank already exists it is kept and this save is discarded.
         """
+        restrict_to_owner(self.path)  # what the user's save wrote, with the user's umask
         files = {}
         for file in _data_files(self.path):
             fd = os.open(file, os.O_RDONLY)
@@ -190,10 +177,7 @@ class PendingSave(PendingCheckpoint):
         }
         meta.update(extra_meta or {})
         tmp = self.path / (META_FILE + ".tmp")
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump(meta, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
+        write_private_file(tmp, json.dumps(meta, indent=1, sort_keys=True).encode(), sync=True)
         os.replace(tmp, self.path / META_FILE)
         _fsync_dir(self.path)
         if self.final_path.exists():
@@ -207,6 +191,16 @@ class PendingSave(PendingCheckpoint):
         os.replace(self.path, self.final_path)
         _fsync_dir(self.step_path)
         return self.final_path
+
+    def write_file(self, name: str, data: bytes) -> Path:
+        """Write jitckpt's own file ``name`` (relative, ``/``-separated) into the pending checkpoint, owner-only."""
+        parts = PurePosixPath(name).parts
+        if not parts or parts[0] == "/" or ".." in parts or parts == (META_FILE,):
+            raise ValueError(f"{name!r} is not a file name inside the checkpoint (a relative path, not {META_FILE})")
+        target = self.path.joinpath(*parts)
+        make_private_dir(target.parent, parents=True)
+        write_private_file(target, data)
+        return target
 
     def abandon(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

@@ -24,6 +24,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+from jitckpt.store.base import PendingCheckpoint
+
 LAYOUT_FILE = "jitckpt-ddp-layout.json"
 
 _instances: list[weakref.ref] = []
@@ -61,8 +63,9 @@ def capture() -> list[dict[str, Any]]:
     return layouts
 
 
-def write(directory: Path) -> None:
-    (Path(directory) / LAYOUT_FILE).write_text(json.dumps(capture()))
+def write(pending: PendingCheckpoint) -> None:
+    """Record every DDP module's layout in the pending checkpoint (through the store, which sets its mode)."""
+    pending.write_file(LAYOUT_FILE, json.dumps(capture()).encode())
 
 
 def load(directory: Path) -> None:

@@ -15,12 +15,12 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from jitckpt import config, eventlog
 from jitckpt.jit_event import JitReason
 from jitckpt.native import interposer
+from jitckpt.store.base import PendingCheckpoint
 from jitckpt.worker import ddp_layout, sharding, stash
 from jitckpt.worker.console import log
 
@@ -66,8 +66,8 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         finally:
             _saving.active = False
         rt.injector.maybe_fire("save", step)
-        copied = _copy_stashes(rt, pending.path, step)
-        ddp_layout.write(pending.path)
+        copied = _copy_stashes(rt, pending, step)
+        ddp_layout.write(pending)
         final = pending.commit(
             {
                 "reason": reason.value,
@@ -93,8 +93,8 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
     return config.JIT_SAVED_EXIT_CODE
 
 
-def _copy_stashes(rt: "JitRuntime", directory: Path, step: int) -> dict[str, list[int]]:
-    """Copy every local rank's stashed state for ``step`` (dead ranks included) into the checkpoint.
+def _copy_stashes(rt: "JitRuntime", pending: PendingCheckpoint, step: int) -> dict[str, list[int]]:
+    """Copy every local rank's stashed state for ``step`` (dead ranks included) into the checkpoint, through the store.
 
     Returns {kind: ranks copied}: the RNG states, and the data loaders'
     positions and seeds (``jitckpt.adapters.torchdata_loader``).
@@ -107,8 +107,6 @@ def _copy_stashes(rt: "JitRuntime", directory: Path, step: int) -> dict[str, lis
             payload = stash.read_stash(path).get(step)
             if payload is None:
                 continue
-            target = directory / stash.checkpoint_file_name(kind, rank)
-            target.parent.mkdir(exist_ok=True)
-            target.write_bytes(payload)
+            pending.write_file(stash.checkpoint_file_name(kind, rank), payload)
             copied[kind].append(rank)
     return copied

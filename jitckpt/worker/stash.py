@@ -24,7 +24,7 @@ import struct
 import zlib
 from pathlib import Path
 
-from jitckpt.store.disk import make_private_dir
+from jitckpt.store.private import make_private_dir, open_private_file
 
 # seq (odd while writing), step, payload length, crc32 of payload
 _HEADER = struct.Struct("<QqII")
@@ -60,7 +60,7 @@ class StepStash:
         self.slot_size = KINDS[kind][0]
         make_private_dir(Path(shm_dir), parents=True)
         self.path = stash_path(shm_dir, kind, rank)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_private_file(self.path, os.O_RDWR | os.O_CREAT)
         try:
             os.ftruncate(fd, 2 * self.slot_size)
             self._map = mmap.mmap(fd, 2 * self.slot_size)
