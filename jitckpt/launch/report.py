@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jitckpt import config
+from jitckpt.store.private import make_private_dir, write_private_file
 
 REPORT_VERSION = 1
 
@@ -212,7 +213,8 @@ def render(report: dict[str, Any]) -> str:
 
 
 def write(report: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the report to ``path`` atomically, owner-only (with any folder it creates)."""
+    make_private_dir(path.parent, parents=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2))
+    write_private_file(tmp, json.dumps(report, indent=2).encode())
     tmp.replace(path)
