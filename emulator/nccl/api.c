@@ -152,6 +152,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
                       datatype, op, 0, comm, stream);
 }
 
+#if SIMDEV_HAS_ALLTOALL_GATHER_SCATTER
 ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                           ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
@@ -172,6 +173,7 @@ ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count,
     return collective("ncclScatter", COLL_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum,
                       root, comm, stream);
 }
+#endif
 
 static ncclResult_t p2p(const char *api, int is_send, const void *buf, size_t count,
                         ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream)

@@ -45,7 +45,9 @@ const char *ncclGetErrorString(ncclResult_t result)
     case ncclInvalidUsage: return "invalid usage";
     case ncclRemoteError: return "remote process exited or there was a network error";
     case ncclInProgress: return "NCCL operation in progress";
+#if SIMDEV_HAS_NCCL_TIMEOUT
     case ncclTimeout: return "operation timed out";
+#endif
     default: return "unknown result code";
     }
 }

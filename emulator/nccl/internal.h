@@ -26,6 +26,18 @@
 
 #include "jitckpt_simdev.h"
 
+/* What NCCL versions after 2.27 added to nccl.h: the emulator builds against
+ * every header from 2.27 on, and implements what the header it is built
+ * against declares (NCCL_VERSION_CODE is that header's version). */
+#define SIMDEV_NCCL_SINCE(major, minor) (NCCL_VERSION_CODE >= NCCL_VERSION(major, minor, 0))
+/* ncclAlltoAll, ncclGather, ncclScatter: NCCL 2.28.  ncclTimeout: 2.30. */
+#define SIMDEV_HAS_ALLTOALL_GATHER_SCATTER SIMDEV_NCCL_SINCE(2, 28)
+#define SIMDEV_HAS_NCCL_TIMEOUT SIMDEV_NCCL_SINCE(2, 30)
+/* The magic NCCL_CONFIG_INITIALIZER writes; the header names it from 2.29 on. */
+#ifndef NCCL_API_MAGIC
+#define NCCL_API_MAGIC 0xcafebeef
+#endif
+
 #define COMM_MAGIC 0x6a69746e63636c21ull
 #define MAX_RANKS 1024
 #define MAX_CUSTOM_OPS 64

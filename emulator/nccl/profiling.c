@@ -95,6 +95,7 @@ ncclResult_t pncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcou
     return ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
 }
 
+#if SIMDEV_HAS_ALLTOALL_GATHER_SCATTER
 ncclResult_t pncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
@@ -112,6 +113,7 @@ ncclResult_t pncclScatter(const void *sendbuff, void *recvbuff, size_t count,
 {
     return ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream);
 }
+#endif
 
 ncclResult_t pncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                        ncclComm_t comm, cudaStream_t stream)
