@@ -41,6 +41,13 @@ Passthrough mode (generated now):
 ``prototype``, ``per_thread``
     For a function no header declares (nvcc's ``__cudaLaunchKernel``): its C
     prototype, and the name of its per-thread-default-stream twin, if any.
+``since``
+    For an NCCL function newer than the oldest ``nccl.h`` the native parts
+    build against (2.27): the NCCL version that added it (``"2.28"``).  Built
+    against an older header, the function is left out of that build:
+    passthrough mode forwards it unchanged, transparent mode refuses it by name
+    with that reason.  The generator checks the version against the header
+    (an older header that declares it, or a newer one that does not, stops it).
 
 Transparent (remote) mode (descriptive columns, not generated from yet):
 
@@ -135,6 +142,7 @@ class Fact:
     lookup: bool = False
     prototype: str = ""
     per_thread: str = ""
+    since: str = ""
     # transparent mode
     handles: Mapping[str, str] = field(default_factory=dict)
     creates: Mapping[str, str] = field(default_factory=dict)
@@ -454,5 +462,16 @@ for _name, _cols in REMOTE.items():
 
 for _name, _cols in REMOTE_NCCL.items():
     NCCL[_name] = replace(NCCL[_name], **_cols) if _name in NCCL else Fact(**_cols)
+
+# The NCCL versions that added functions of the table after 2.27 (``since``; NVIDIA/nccl's
+# src/nccl.h.in at the release tags).  A build against an older nccl.h leaves them out.
+NCCL_SINCE = {
+    **dict.fromkeys(("ncclAlltoAll", "ncclGather", "ncclScatter"), "2.28"),
+    **dict.fromkeys(("ncclAllReduceConfig", "ncclBroadcastConfig", "ncclReduceConfig", "ncclAllGatherConfig",
+                     "ncclReduceScatterConfig", "ncclAlltoAllConfig", "ncclGatherConfig", "ncclScatterConfig"),
+                    "2.31"),
+}
+for _name, _since in NCCL_SINCE.items():
+    NCCL[_name] = replace(NCCL[_name], since=_since)
 
 FACTS: dict[str, Fact] = {**CUDART, **NCCL}

@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Generate the passthrough parts of libjitckpt_interpose.so from NVIDIA's headers.
 
-Inputs: the real ``cuda_runtime_api.h`` and ``nccl.h`` (prototypes, and the
+Inputs: the real ``cuda_runtime_api.h`` and ``nccl.h`` (prototypes, the
 ``_ptsz``/``_ptds`` names from the header's ``__CUDART_API_PTDS``/``_PTSZ``
-lines), the facts table beside this file (``api_facts.py``: what the headers
-cannot say), the control header ``include/jitckpt_interpose.h``, and the CPU
-device emulator's ``libcudart.so.13`` and ``libnccl.so.2`` (their defined
-dynamic symbols, read with ``nm -D``: the API that transparent mode covers).
+lines, and NCCL's version), the facts table beside this file
+(``api_facts.py``: what the headers cannot say) and the control header
+``include/jitckpt_interpose.h``.  Nothing built is an input: the CPU device
+emulator is not needed to build the interposer or the proxy.
+
+Any ``nccl.h`` from NCCL 2.27 on will do.  A function of the facts table that
+a newer NCCL added (its ``since``) is left out of a build against an older
+header: passthrough mode forwards it unchanged, and transparent mode refuses
+it by name, saying which NCCL added it.
 
 Outputs, in OUT (every file opens with a "do not edit" banner; none is
 committed):
@@ -18,9 +23,9 @@ committed):
   cuda_entry_ptsz.c         their ``_ptsz``/``_ptds`` twins
   nccl_entry.c              the NCCL entry points
   interpose.map             the linker version script
-  coverage.json             every CUDA runtime and NCCL function the API
-                            description and the emulator name, whether passthrough
-                            mode wraps it and whether transparent mode covers it
+  coverage.json             every CUDA runtime and NCCL function the headers
+                            and the facts table name, whether passthrough mode
+                            wraps it and whether transparent mode covers it
                             (``libjitckpt_remote.so`` handles it: the remote
                             files are generated here too, in memory, and read
                             back), with the remote library's refusals and their
@@ -34,7 +39,7 @@ real headers, so a prototype read wrongly here is a compile error.
 Usage (run by interpose/Makefile):
 
     gen_interpose.py --cuda-header H --nccl-header H --control-header H \
-        --emulator-lib LIB [--emulator-lib LIB] [--cudart-soname libcudart.so.13] --out DIR
+        [--cudart-soname libcudart.so.13] [--remote] --out DIR
 """
 
 from __future__ import annotations
@@ -42,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +173,48 @@ def parse_nccl_header(path: Path) -> dict[str, Proto]:
     return protos
 
 
+def version_code(major: int, minor: int, patch: int) -> int:
+    """NCCL_VERSION(major, minor, patch), as nccl.h computes it."""
+    return major * 1000 + minor * 100 + patch if major <= 2 and minor <= 8 else major * 10000 + minor * 100 + patch
+
+
+def nccl_version(path: Path) -> tuple[int, str]:
+    """(NCCL_VERSION_CODE, "major.minor.patch") of an nccl.h."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    fields = dict(re.findall(r"#\s*define\s+NCCL_(MAJOR|MINOR|PATCH)\s+(\d+)", text))
+    if set(fields) != {"MAJOR", "MINOR", "PATCH"}:
+        raise GenError(f"{path}: no '#define NCCL_MAJOR/NCCL_MINOR/NCCL_PATCH' lines; is it NCCL's nccl.h?")
+    major, minor, patch = (int(fields[k]) for k in ("MAJOR", "MINOR", "PATCH"))
+    return version_code(major, minor, patch), f"{major}.{minor}.{patch}"
+
+
+def newer_than_header(nccl_header: Path, facts: dict[str, Fact]) -> dict[str, str]:
+    """The facts table's NCCL functions that NCCL added after the header's version: name -> reason.
+
+    The reason is what transparent mode says when a program calls one (the
+    remote library refuses it by name).  GenError when a ``since`` disagrees
+    with the header: a header older than ``since`` that declares the
+    function, or a ``since`` on a CUDA runtime function.
+    """
+    code, version = nccl_version(nccl_header)
+    declared = parse_nccl_header(nccl_header)
+    out = {}
+    for name, fact in facts.items():
+        if not fact.since:
+            continue
+        m = re.fullmatch(r"(\d+)\.(\d+)", fact.since)
+        if not name.startswith("nccl") or not m:
+            raise GenError(f"{name}: since={fact.since!r}; only an NCCL function has one, as \"major.minor\"")
+        if code >= version_code(int(m.group(1)), int(m.group(2)), 0):
+            continue
+        if name in declared:
+            raise GenError(f"{name}: the facts table says NCCL {fact.since} added it, but {nccl_header} "
+                           f"(NCCL {version}) declares it; correct its since= in interpose/tools/api_facts.py")
+        out[name] = (f"NCCL {fact.since} added it, and jitckpt was built against the nccl.h of NCCL {version}: "
+                     f"rebuild jitckpt's native parts against the NCCL the job uses (NCCL_INCLUDE=...)")
+    return out
+
+
 def parse_prototype(text: str, name: str) -> Proto:
     m = re.fullmatch(r"\s*([\w\s*]+?)\s*\b(\w+)\s*\((.*)\)\s*;?\s*", text, flags=re.S)
     params = parse_params(m.group(3), name) if m else None
@@ -194,15 +240,21 @@ class Function:
 
 
 def describe(cuda_header: Path, nccl_header: Path, facts: dict[str, Fact]) -> dict[str, Function]:
-    """Every function the facts table names, with its prototype; GenError naming any the headers lack."""
+    """Every function the facts table names, with its prototype; GenError naming any the headers lack.
+
+    NCCL functions newer than the header (``newer_than_header``) are left out.
+    """
     cuda, twins = parse_cuda_header(cuda_header)
     nccl = parse_nccl_header(nccl_header)
+    newer = newer_than_header(nccl_header, facts)
     functions = {}
 
     def header_path(library: str) -> Path:
         return nccl_header if library == NCCL else cuda_header
 
     for name, fact in facts.items():
+        if name in newer:
+            continue
         library = NCCL if name.startswith(("nccl", "pnccl")) else CUDART
         header = nccl if library == NCCL else cuda
         if fact.prototype:
@@ -213,8 +265,9 @@ def describe(cuda_header: Path, nccl_header: Path, facts: dict[str, Fact]) -> di
         elif name in header:
             proto, twin = header[name], twins.get(name, "")
         else:
+            since = f" (NCCL {fact.since} added it, and this header is not older)" if fact.since else ""
             raise GenError(f"{name}: in the facts table (interpose/tools/api_facts.py) but not declared by "
-                           f"{header_path(library)}")
+                           f"{header_path(library)}{since}")
         check_fact(name, proto, fact)
         functions[name] = Function(name, library, proto, fact, twin)
     for function in functions.values():
@@ -327,26 +380,6 @@ def version_script(functions: dict[str, Function], soname: str, inputs: list[Pat
         f"{CONTROL_NODE} {{", "  global:", "    jitckpt_interpose_*;", "    jitckpt_phase_*;", "};", ""])
 
 
-def emulator_exports(libraries: list[Path], nm: str) -> dict[str, tuple[str, str | None]]:
-    """name -> (library, version) of the cuda*/__cuda*/nccl*/pnccl* functions the emulator defines."""
-    exports = {}
-    for path in libraries:
-        library = NCCL if "nccl" in path.name else CUDART
-        try:
-            out = subprocess.run([nm, "-D", "--defined-only", str(path)], capture_output=True, text=True,
-                                 check=True).stdout
-        except (OSError, subprocess.CalledProcessError) as exc:
-            raise GenError(f"cannot list the symbols of {path} ({exc}); build the emulator: make -C emulator")
-        for line in out.splitlines():
-            fields = line.split()
-            if len(fields) != 3 or fields[1] not in "TtWi":
-                continue
-            name, _, version = fields[2].partition("@")
-            if name.startswith(("cuda", "__cuda", "nccl", "pnccl")):
-                exports[name] = (library, version.lstrip("@") or None)
-    return exports
-
-
 REMOTE_MARSHALLED, REMOTE_HAND, REMOTE_IN_PROCESS = "marshalled", "hand-written", "in-process"
 # A function that returns a string about a handle (ncclGetLastError(comm)): the library
 # says once that it is not marshalled and returns a fixed text; the program goes on.
@@ -395,27 +428,32 @@ def remote_column(remote_files: dict[str, str], functions: dict[str, Function]) 
     return handled, refused
 
 
-def coverage(functions: dict[str, Function], exports: dict[str, tuple[str, str | None]], soname: str,
-             remote: tuple[dict[str, str], dict[str, str]]) -> str:
+def coverage(functions: dict[str, Function], soname: str, remote: tuple[dict[str, str], dict[str, str]]) -> str:
     """coverage.json: per function its library, version, passthrough mode and transparent coverage.
 
+    The rows are every function of the facts table (each default-stream
+    flavour) and every function the remote library handles or refuses: the
+    whole API the headers declare, and nvcc's hidden entry points.
     ``transparent`` is true when transparent mode covers the function today:
-    ``libjitckpt_remote.so`` handles it (``remote_column``) and the CPU
-    device emulator, the runtime it is verified against, implements it.  Two
-    more tables follow the rows: ``remote`` (how the remote library handles
-    each function it does) and ``refused`` (every function it refuses by
-    name, with the reason it prints).
+    ``libjitckpt_remote.so`` handles it (``remote_column``).  Two more
+    tables follow the rows: ``remote`` (how the remote library handles each
+    function it does) and ``refused`` (every function it refuses by name,
+    with the reason it prints).  The CPU device emulator is not an input:
+    ``tests/test_interpose.py`` checks that it implements what is covered.
     """
     handled, refused = remote
     wrapped = {name for f in functions.values() if f.fact.wrapped for name, _ in f.flavours()}
-    table = {name: (f.library, soname if f.library == CUDART else None)
-             for f in functions.values() for name, _ in f.flavours()}
-    table.update(exports)
+    names = {name for f in functions.values() for name, _ in f.flavours()} | set(handled) | set(refused)
+
+    def row(name: str) -> tuple[str, str | None]:
+        library = NCCL if name.startswith(("nccl", "pnccl")) else CUDART
+        return library, soname if library == CUDART else None
+
     rows = [f"  {json.dumps(name)}: " + json.dumps({
-                "library": library, "version": version,
+                "library": row(name)[0], "version": row(name)[1],
                 "passthrough": "wrapped" if name in wrapped else "forwarded",
-                "transparent": name in exports and name in handled})
-            for name, (library, version) in sorted(table.items())]
+                "transparent": name in handled})
+            for name in sorted(names)]
 
     def lines(mapping: dict[str, str]) -> str:
         return ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(mapping.items()))
@@ -457,9 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda-header", type=Path, required=True)
     parser.add_argument("--nccl-header", type=Path, required=True)
     parser.add_argument("--control-header", type=Path, required=True)
-    parser.add_argument("--emulator-lib", type=Path, action="append", default=[])
     parser.add_argument("--cudart-soname", default="libcudart.so.13")
-    parser.add_argument("--nm", default="nm")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--remote", action="store_true",
                         help="write the remote-mode files instead (gen_remote.py): the worker stubs of "
@@ -471,8 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         headers = [args.cuda_header, args.nccl_header]
         functions = describe(args.cuda_header, args.nccl_header, FACTS)
-        exports = emulator_exports(args.emulator_lib, args.nm)
-        remote = remote_column(remote_files(args, functions, exports, facts_file), functions)
+        remote = remote_column(remote_files(args, functions, facts_file), functions)
         inputs = [*headers, facts_file]
         files = {
             "cuda_entry.c": entry_file(functions, CUDART, 0, "The CUDA runtime entry points the library takes "
@@ -484,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             "nccl_entry.c": entry_file(functions, NCCL, 0, "The NCCL entry points the library takes the "
                                        "place of: each one calls its hook in src/hooks.h.", inputs),
             "interpose.map": version_script(functions, args.cudart_soname, inputs),
-            "coverage.json": coverage(functions, exports, args.cudart_soname, remote),
+            "coverage.json": coverage(functions, args.cudart_soname, remote),
             "jitckpt_interpose.cdef": cdef(args.control_header, [args.control_header]),
         }
         files["next_syms.h"], files["next_syms.c"] = next_syms_files(functions, inputs)
@@ -497,15 +532,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def remote_files(args: argparse.Namespace, functions: dict[str, Function],
-                 exports: dict[str, tuple[str, str | None]], facts_file: Path) -> dict[str, str]:
+def remote_files(args: argparse.Namespace, functions: dict[str, Function], facts_file: Path) -> dict[str, str]:
     """The remote-mode files (gen_remote.py), by name; raises GenError or gen_remote.RemoteGenError."""
     cuda, twins = parse_cuda_header(args.cuda_header)
     nccl = parse_nccl_header(args.nccl_header)
+    newer = newer_than_header(args.nccl_header, FACTS)
     names = gen_remote.header_names(strip_comments(args.cuda_header.read_text(errors="replace")))
     names |= gen_remote.header_names(strip_comments(args.nccl_header.read_text(errors="replace")))
     inputs = [args.cuda_header, args.nccl_header, facts_file, Path(gen_remote.__file__)]
-    return gen_remote.generate(functions, cuda, nccl, twins, names, exports, HIDDEN_HAND,
+    return gen_remote.generate(functions, cuda, nccl, twins, names, newer, HIDDEN_HAND,
                                banner("Remote mode (transparent mode): see proxy_server/README.md.", inputs),
                                args.cudart_soname)
 
@@ -513,8 +548,7 @@ def remote_files(args: argparse.Namespace, functions: dict[str, Function],
 def remote_main(args: argparse.Namespace, facts_file: Path) -> int:
     try:
         functions = describe(args.cuda_header, args.nccl_header, FACTS)
-        exports = emulator_exports(args.emulator_lib, args.nm)
-        files = remote_files(args, functions, exports, facts_file)
+        files = remote_files(args, functions, facts_file)
     except (GenError, gen_remote.RemoteGenError) as exc:
         print(f"gen_interpose: {exc}", file=sys.stderr)
         return 1

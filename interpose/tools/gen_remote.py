@@ -199,7 +199,9 @@ def proxy_dispatch_fn(function) -> str:
     classes = classify(function)
     bad_handle = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "cudaErrorInvalidResourceHandle"
     bad = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "RD_BAD"
-    lines = [f"static int32_t d_{function.name}(struct rdisp *jr_d)", "{"]
+    lines = [f"static int32_t d_{function.name}(struct rdisp *jr_d)", "{",
+             f"    if (real_{function.name} == NULL)      /* not in the library loaded (dispatch_resolve) */",
+             f"        return dispatch_missing({c_str(function.name)});"]
     for p, (cls, _) in zip(proto.params, classes):
         if cls in ("output", "create"):
             lines.append(f"    {pointee(p.type)} v_{p.name};")
@@ -307,9 +309,15 @@ REFUSED_HIDDEN = {"__cudaRegisterManagedVar": "__managed__ variables: the runtim
 HAND_TWINS = {"cudaLaunchKernelExC"}
 
 
-def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: set[str], exports: dict,
+def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: set[str], newer: dict[str, str],
              hand: tuple[str, ...], banner: str, soname: str) -> dict[str, str]:
-    """The remote files, by name."""
+    """The remote files, by name.
+
+    ``newer`` maps the facts table's NCCL functions that the header is too old
+    to declare to the reason a call of one is refused (with its ``pnccl``
+    twin): exported as refusals, so that a program built against a newer NCCL
+    never reaches a real NCCL in the worker with a virtual communicator.
+    """
     gen = {n: f for n, f in functions.items() if f.fact.remote == "gen"}
     hand_names = [*hand, *(n for n, f in functions.items() if f.fact.remote == "hand")]
     hand_names += [functions[n].twin for n in HAND_TWINS if n in functions and functions[n].twin]
@@ -366,14 +374,17 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
         exported.append((name, library))
         done.add(name)
     # Everything else the API has: per-thread twins, prototypes the parser skips (function
-    # pointers), functions only the emulator's exports name.
-    others = set(twins.values()) | set(all_names) | set(exports)
+    # pointers), nvcc's hidden entry points refused by design, the NCCL functions newer than the header.
+    newer = {**newer, **{"p" + name: reason for name, reason in newer.items()}}
+    others = set(twins.values()) | set(all_names) | set(REFUSED_HIDDEN) | set(newer)
     for name in sorted(others - done):
         if not name.startswith(("cuda", "__cuda", "nccl", "pnccl")) or name in hand_names:
             continue
         plain = re.sub(r"_pt(sz|ds)$", "", name)
         if name in REFUSED_HIDDEN:
             reason = REFUSED_HIDDEN[name]
+        elif name in newer:
+            reason = newer[name]
         elif plain in functions and functions[plain].fact.refused:
             reason = functions[plain].fact.refused       # a twin of a function refused by design (graphs)
         else:
@@ -399,13 +410,15 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
     disp.append("const struct dispatch_entry dispatch_generated[RFN_count] = {")
     for name in sorted(gen):
         disp.append(f"    [RFN_{name}] = {{{c_str(name)}, d_{name}}},")
-    disp += ["};", "", "/* Resolves the real functions; returns the name of the first missing one, or NULL. */",
-             "const char *dispatch_resolve(void *cudart, void *nccl)", "{"]
+    disp += ["};", "",
+             "/* Resolves the real functions; returns how many the loaded libraries lack.  A missing",
+             " * one is no error here: the program's call of it fails, naming it (dispatch_missing). */",
+             "int dispatch_resolve(void *cudart, void *nccl)", "{", "    int missing = 0;"]
     for name in syms:
         lib = "nccl" if name.startswith("nccl") else "cudart"
         disp.append(f"    if ((real_{name} = (__typeof__({name}) *)proxy_sym({lib}, {c_str(name)})) == NULL)\n"
-                    f"        return {c_str(name)};")
-    disp += ["    return NULL;", "}", ""]
+                    f"        missing += dispatch_note_missing({c_str(name)});")
+    disp += ["    return missing;", "}", ""]
     return {"remote_fns.h": "\n".join(fns), "remote_stubs.c": "\n".join(stubs), "remote.map": mapfile,
             "proxy_dispatch.c": "\n".join(disp)}
 

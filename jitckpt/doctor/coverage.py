@@ -14,9 +14,10 @@ package data.  ``jitckpt.native.find`` says where it is.  Its form::
 A function is *covered* when ``transparent`` is true: transparent mode's
 worker library, ``libjitckpt_remote.so``, forwards it to the device proxy
 (or, for a pure function such as ``cudaGetErrorString``, runs it in the
-worker), and the CPU device emulator implements it.  The generator reads that
-from the remote library's own generated stubs, so it is what the library does
-today, not a plan.  ``remote`` says how each function is handled
+worker).  The generator reads that from the remote library's own generated
+stubs, so it is what the library does today, not a plan; the CPU device
+emulator is no input (``tests/test_interpose.py`` checks that it implements
+every function sent to the proxy).  ``remote`` says how each function is handled
 (``marshalled``: generated stub and dispatch; ``hand-written``: nvcc's hidden
 entry points, launches, pinned host memory; ``in-process``), and ``refused``
 gives the reason the library prints when a program calls a function it

@@ -32,7 +32,9 @@ struct dispatch_entry {
 };
 
 extern const struct dispatch_entry dispatch_generated[RFN_count];
-const char *dispatch_resolve(void *cudart, void *nccl);
+int dispatch_resolve(void *cudart, void *nccl);                /* generated: how many the libraries lack */
+int dispatch_note_missing(const char *name);                   /* missing.c: one the libraries lack (1) */
+int32_t dispatch_missing(const char *name);                    /* missing.c: a call of it fails, naming it */
 int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled);
 int32_t dispatch_alloc(unsigned fn, struct rdisp *d);          /* alloc.c */
 void alloc_reap(void);                                         /* alloc.c: the cudaFreeAsync frees, the device idle */

@@ -258,9 +258,10 @@ int main(int argc, char **argv)
     }
     if (libs_load(&o) != 0)
         return 1;
-    const char *missing = dispatch_resolve(cudart, nccl);
-    if (!missing)
-        missing = special_resolve(cudart);
+    /* What the loaded NCCL (or runtime) lacks fails when the program calls it (missing.c);
+     * nvcc's hidden entry points every CUDA runtime has. */
+    dispatch_resolve(cudart, nccl);
+    const char *missing = special_resolve(cudart);
     if (missing) {
         plog("the CUDA runtime lacks %s", missing);
         return 1;
