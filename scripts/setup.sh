@@ -31,4 +31,27 @@ else
     say "warning: CUDA 13 toolkit not found (nvcc, /usr/local/cuda/include): the CPU device emulator is not built"
     say "         and its tests will be skipped. Install the CUDA toolkit to build it."
 fi
+
+# ---- the oldest NCCL header the native parts build against (tests/test_native_nccl_versions.py) ----
+# Only nvidia/nccl/include/nccl.h of the nvidia-nccl-cu13 2.27.7 wheel, cached once; never installed.
+NCCL_OLDEST=2.27.7
+NCCL_OLDEST_INCLUDE=${XDG_CACHE_HOME:-$HOME/.cache}/jitckpt/nccl-$NCCL_OLDEST/include
+if [ ! -f "$NCCL_OLDEST_INCLUDE/nccl.h" ]; then
+    say "caching nccl.h of NCCL $NCCL_OLDEST (the oldest the native parts build against) in $NCCL_OLDEST_INCLUDE"
+    wheel_dir=$(mktemp -d)
+    if ! { "$PY" -m pip download --quiet --disable-pip-version-check --no-deps "nvidia-nccl-cu13==$NCCL_OLDEST" \
+               -d "$wheel_dir" &&
+           "$PY" -c 'import glob, os, sys, zipfile
+wheel, = glob.glob(os.path.join(sys.argv[1], "*.whl"))
+os.makedirs(sys.argv[2], exist_ok=True)
+with zipfile.ZipFile(wheel) as z:
+    data = z.read("nvidia/nccl/include/nccl.h")
+tmp = os.path.join(sys.argv[2], ".nccl.h.tmp")
+with open(tmp, "wb") as f:
+    f.write(data)
+os.replace(tmp, os.path.join(sys.argv[2], "nccl.h"))' "$wheel_dir" "$NCCL_OLDEST_INCLUDE"; }; then
+        say "warning: could not cache NCCL $NCCL_OLDEST's nccl.h; tests/test_native_nccl_versions.py will fail"
+    fi
+    rm -rf "$wheel_dir"
+fi
 say "done"
