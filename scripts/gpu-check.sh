@@ -212,6 +212,11 @@ transparent_part() {
         t_fail transparent-build "make -C proxy_server / make -C examples/cuda_mlp failed" "$WORK/t-build.log"
         return
     fi
+    # (the proxy's build does not build the emulator)
+    if [[ $EMULATOR_MODE == 1 ]] && ! make -C emulator -j2 >>"$WORK/t-build.log" 2>&1; then
+        t_fail transparent-build "make -C emulator failed" "$WORK/t-build.log"
+        return
+    fi
     if [[ $EMULATOR_MODE != 1 && ${LD_LIBRARY_PATH:-} == */emulator/* ]]; then
         LD_LIBRARY_PATH=$(printf '%s' "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v '/emulator/' | paste -sd: -)
         echo "   (the CPU emulator removed from LD_LIBRARY_PATH: this part runs the real runtime)"

@@ -89,7 +89,7 @@ int main(void)
 @pytest.fixture(scope="session")
 def built() -> None:
     """The proxy, the remote library, the emulator and the CUDA example, built."""
-    for directory in (PROXY_DIR, MLP_DIR):
+    for directory in (PROXY_DIR, EMULATOR_BUILD.parent, MLP_DIR):  # (the proxy's build does not build the emulator)
         proc = subprocess.run(["make", "-C", str(directory), "-j2"], capture_output=True, text=True)
         assert proc.returncode == 0, f"make -C {directory} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert PROXY.exists() and REMOTE_LIB.exists() and MLP.exists() and TWINS.exists()
