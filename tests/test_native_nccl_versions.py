@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -70,11 +71,13 @@ int main(void)
 
 
 def nccl_version(include: Path) -> str:
+    """ "major.minor.patch" of include/nccl.h."""
     text = (include / "nccl.h").read_text()
     return ".".join(re.search(rf"#define NCCL_{k}\s+(\d+)", text).group(1) for k in ("MAJOR", "MINOR", "PATCH"))
 
 
 def newest_include() -> Path:
+    """The installed nvidia-nccl-cu13 wheel's include directory (setup.sh installs the newest)."""
     assert NCCL_WHEEL is not None
     return NCCL_WHEEL / "include"
 
@@ -86,12 +89,13 @@ def copy_sources(dest: Path, parts: tuple[str, ...]) -> None:
 
 
 def make(directory: Path, include: Path) -> subprocess.CompletedProcess:
+    """`make -C directory -j2` against the nccl.h in include (2 cores in CI: each part once per header)."""
     cmd = ["make", "-C", str(directory), "-j2", f"NCCL_INCLUDE={include}", f"CUDA_HOME={CUDA_HOME}"]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory: pytest.TempPathFactory):
+def builds(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """build(which) -> the source copy, with every native part built against the "oldest" or "newest" header."""
     done: dict[str, Path] = {}
 
@@ -118,12 +122,13 @@ def builds(tmp_path_factory: pytest.TempPathFactory):
 
 
 def symbols(lib: Path) -> set[str]:
+    """The names a shared library defines in its dynamic symbol table."""
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
     return {line.split()[2].split("@")[0] for line in out.splitlines() if len(line.split()) == 3}
 
 
 @pytest.fixture(scope="module")
-def program(builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def program(builds: Callable[[str], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """PROGRAM, compiled against the newest nccl.h and linked against the emulator built from it."""
     newest = builds("newest") / "emulator" / "build"
     src = tmp_path_factory.mktemp("nccl-gap") / "nccl_version_gap.c"
@@ -137,6 +142,7 @@ def program(builds, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_env(nccl_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment without settings that could change a test's meaning, loading libraries from nccl_dir."""
     cleared = (*EMULATOR_ENV, "LD_PRELOAD", "LD_LIBRARY_PATH", "RANK", "WORLD_SIZE", "JITCKPT_PROXY_SOCKET",
                "JITCKPT_PROXY_CUDART", "JITCKPT_PROXY_NCCL", "JITCKPT_PROXY_PRELOAD", "JITCKPT_REMOTE_SYNC")
     env = {k: v for k, v in os.environ.items() if k not in cleared}
@@ -146,11 +152,12 @@ def run_env(nccl_dir: Path, extra: dict[str, str] | None = None) -> dict[str, st
 
 
 def show(proc: subprocess.CompletedProcess) -> str:
+    """A finished process's exit status and output, for an assertion message."""
     return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
 
 
 @pytest.mark.parametrize("which", ["oldest", "newest"])
-def test_every_native_part_builds_against_the_header(builds, which):
+def test_every_native_part_builds_against_the_header(builds: Callable[[str], Path], which: str) -> None:
     """(The fixture builds the interposer and the proxy in a copy without emulator/, warning-free.)"""
     assert nccl_version(OLDEST_INCLUDE) == OLDEST
     assert tuple(map(int, nccl_version(newest_include()).split("."))) > (2, 27, 7), "the installed wheel is not newer"
@@ -161,7 +168,8 @@ def test_every_native_part_builds_against_the_header(builds, which):
         assert (tree / path).is_file(), path
 
 
-def test_built_against_the_oldest_header_what_later_nccl_added_is_left_out(builds, program, tmp_path):
+def test_built_against_the_oldest_header_what_later_nccl_added_is_left_out(builds: Callable[[str], Path], program: Path,
+                                                                           tmp_path: Path) -> None:
     old, new = builds("oldest"), builds("newest")
     # The emulated NCCL implements what its header declares; the interposer wraps only that.
     assert "ncclAlltoAll" in symbols(new / "emulator/build/libnccl.so.2")
@@ -192,7 +200,8 @@ def test_built_against_the_oldest_header_what_later_nccl_added_is_left_out(build
                      r"against the nccl\.h of NCCL 2\.27\.7: rebuild", proc.stderr), show(proc)
 
 
-def test_a_function_the_loaded_nccl_lacks_fails_by_name_when_called_in_passthrough_mode(builds, program):
+def test_a_function_the_loaded_nccl_lacks_fails_by_name_when_called_in_passthrough_mode(builds: Callable[[str], Path],
+                                                                                        program: Path) -> None:
     new, old_nccl = builds("newest"), builds("oldest") / "emulator/build"
     env = run_env(old_nccl, {"LD_PRELOAD": str(new / "interpose/build/libjitckpt_interpose.so")})
     proc = subprocess.run([str(program)], env=env, capture_output=True, text=True, timeout=60)
@@ -205,7 +214,8 @@ def test_a_function_the_loaded_nccl_lacks_fails_by_name_when_called_in_passthrou
             "does not have it; the call fails with ncclSystemError") in said[0], proc.stderr
 
 
-def test_a_function_the_loaded_nccl_lacks_fails_by_name_when_called_through_the_proxy(builds, program, tmp_path):
+def test_a_function_the_loaded_nccl_lacks_fails_by_name_when_called_through_the_proxy(builds: Callable[[str], Path],
+                                                                                      program: Path, tmp_path: Path) -> None:
     """Built against the newest nccl.h, the proxy starts with NCCL 2.27 (before: 'the CUDA runtime lacks
     ncclAlltoAll', and no program ran); the program's call of ncclAlltoAll fails, named."""
     new, old_nccl = builds("newest"), builds("oldest") / "emulator/build"
