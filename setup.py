@@ -1,96 +1,62 @@
-"""Build hook: installing jitckpt also builds its native parts with make.
+"""setuptools' build steps for jitckpt: installing it also builds its native parts (``native_build.py``).
 
-- ``emulator/``: the CPU device emulator (``libcudart.so.13``, ``libnccl.so.2``);
-- ``interpose/``: the LD_PRELOAD interposition library, its generated coverage
-  list and cffi declarations.
+- ``build_py`` runs make in ``emulator/``, ``interpose/`` and ``proxy_server/``
+  and, for a wheel, copies their outputs into the package
+  (``jitckpt/native/_build/``), so that a non-editable install works like a
+  checkout; ``jitckpt.native`` looks there first, then in the source tree.
+  If they cannot be built the build fails with the reason, unless
+  ``JITCKPT_BUILD_NATIVE=0`` asks for a pure-Python jitckpt.
+- ``bdist_wheel`` tags a wheel that carries them for this platform
+  (``py3-none-linux_x86_64``: they link no Python, but they are machine code);
+  a pure-Python one stays ``py3-none-any``.
 
-Their build outputs are copied into the package (``jitckpt/native/_build/``),
-so a wheel carries them and a non-editable install works like a checkout;
-``jitckpt.native`` looks there first, then in the source tree.
-
-They need make, gcc, the CUDA 13 runtime headers and NCCL's header (from
-``pip install nvidia-nccl-cu13``; install with ``--no-build-isolation`` so the
-build can see it).  If something is missing the install says which and how to
-get it.  With ``JITCKPT_REQUIRE_NATIVE=1`` that is an error; otherwise it is a
-warning, because user-level mode is pure Python and works without them.
+Which headers the build uses, and how an isolated ``pip wheel .`` gets them,
+is ``native_build.py``'s business (it is also the build backend).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
 
-ROOT = Path(__file__).resolve().parent
-NATIVE_DIRS = ("emulator", "interpose", "proxy_server")
-# What each native part ships, relative to its build/ directory.  Kept in
-# step with jitckpt.native.FILES (tests/test_wheel.py checks a real wheel).
-SHIPPED = {
-    "emulator": ("libcudart.so.13", "libnccl.so.2", "libcudart.so", "libnccl.so"),
-    "interpose": ("libjitckpt_interpose.so", "gen/coverage.json", "gen/jitckpt_interpose.cdef",
-                  "libjitckpt_remote.so"),
-    "proxy_server": ("jitckpt-proxy",),
-}
-
-
-def missing_prerequisites() -> list[str]:
-    """What the native build needs and cannot find, each with how to get it."""
-    missing = []
-    for tool, package in (("make", "make"), ("gcc", "build-essential")):
-        if shutil.which(tool) is None:
-            missing.append(f"{tool} (apt-get install {package})")
-    cuda_include = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include" / "cuda_runtime_api.h"
-    if not cuda_include.is_file():
-        missing.append(f"the CUDA 13 runtime headers ({cuda_include}; install the CUDA toolkit or set CUDA_HOME)")
-    try:
-        import nvidia.nccl  # noqa: F401
-    except ImportError:
-        missing.append("NCCL's header nccl.h (pip install nvidia-nccl-cu13, then install jitckpt with --no-build-isolation)")
-    return missing
-
-
-def build_native() -> None:
-    """Run make in every native folder; report or raise on what is missing."""
-    required = os.environ.get("JITCKPT_REQUIRE_NATIVE") == "1"
-    missing = missing_prerequisites()
-    if missing:
-        message = "jitckpt: the native parts (CPU device emulator, interposition library) are not built; missing:\n  - " + "\n  - ".join(missing)
-        if required:
-            raise SystemExit(message)
-        print("WARNING: " + message, file=sys.stderr)
-        return
-    for folder in NATIVE_DIRS:
-        if (ROOT / folder / "Makefile").is_file():
-            print(f"jitckpt: building {folder}/", file=sys.stderr)
-            subprocess.run(["make", "-s", "-C", str(ROOT / folder), "-j2", f"PYTHON={sys.executable}"], check=True)
-
-
-def copy_native(build_lib: Path) -> None:
-    """Copy the built native parts into ``build_lib/jitckpt/native/_build/<part>/`` (symlinks as files)."""
-    for part, names in SHIPPED.items():
-        source = ROOT / part / "build"
-        if not all((source / name).exists() for name in names):
-            continue  # not built here (warned above): user-level mode still works
-        target = build_lib / "jitckpt" / "native" / "_build" / part
-        for name in names:
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source / name, target / name)  # follows symlinks
-            shutil.copymode(source / name, target / name)
+import native_build
 
 
 class BuildPyWithNative(build_py):
     """build_py that also builds the native parts and ships them (runs for wheels and editable installs)."""
 
     def run(self) -> None:
-        build_native()
+        try:
+            info = native_build.build_native()
+        except native_build.NativeBuildError as exc:
+            raise SystemExit(str(exc)) from None
         super().run()
         if not self.editable_mode:  # an editable install finds them in the source tree
-            copy_native(Path(self.build_lib))
+            try:
+                native_build.copy_native(Path(self.build_lib), info)
+            except native_build.NativeBuildError as exc:
+                raise SystemExit(str(exc)) from None
 
 
-setup(cmdclass={"build_py": BuildPyWithNative})
+class NativeDistribution(Distribution):
+    """A distribution that carries machine code when the native parts are built: installed into platlib."""
+
+    def has_ext_modules(self) -> bool:
+        try:
+            return native_build.native_wanted()
+        except native_build.NativeBuildError as exc:
+            raise SystemExit(f"jitckpt: {exc}") from None
+
+
+class PlatformWheel(bdist_wheel):
+    """A wheel with the native parts is for one platform, not one Python: ``py3-none-<platform>``."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        python, abi, platform = super().get_tag()
+        return (python, abi, platform) if self.root_is_pure else ("py3", "none", platform)
+
+
+setup(distclass=NativeDistribution, cmdclass={"build_py": BuildPyWithNative, "bdist_wheel": PlatformWheel})

@@ -18,9 +18,9 @@ if ! "$PY" -c 'import nvidia.nccl' 2>/dev/null; then
 fi
 if ! "$PY" -c 'import jitckpt, pytest, elftools, matplotlib, cffi, xxhash, transformers, lightning, pytorch_lightning' 2>/dev/null || ! command -v jit-run >/dev/null; then
     say "installing jitckpt (editable, with test, plot and frameworks extras); this also builds the native parts"
-    "$PY" -m pip install --quiet --disable-pip-version-check "setuptools>=64" wheel
-    # --no-build-isolation: the native build needs nccl.h from the nvidia-nccl-cu13 installed above
-    "$PY" -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,plot,frameworks]"
+    # An isolated build, as any install: it uses the toolkit's CUDA headers and the nccl.h of the
+    # nvidia-nccl-cu13 installed above, and fetches header wheels only for what is missing (native_build.py)
+    "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,plot,frameworks]"
 fi
 if command -v nvcc >/dev/null && [ -d /usr/local/cuda/include ]; then
     # up to date after the install; rebuilds only what changed in a working tree
@@ -28,8 +28,8 @@ if command -v nvcc >/dev/null && [ -d /usr/local/cuda/include ]; then
         if [ -f "$dir/Makefile" ]; then make -s -C "$dir" -j2; fi
     done
 else
-    say "warning: CUDA 13 toolkit not found (nvcc, /usr/local/cuda/include): the CPU device emulator is not built"
-    say "         and its tests will be skipped. Install the CUDA toolkit to build it."
+    say "warning: CUDA 13 toolkit not found (nvcc, /usr/local/cuda/include): the tests that build CUDA programs"
+    say "         with nvcc will be skipped. Install the CUDA toolkit to run them."
 fi
 
 # ---- the oldest NCCL header the native parts build against (tests/test_native_nccl_versions.py) ----

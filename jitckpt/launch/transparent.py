@@ -413,6 +413,9 @@ def native_parts() -> tuple[Path, Path]:
     missing = [name for name, path in ((native.PROXY_EXECUTABLE, proxy), (native.REMOTE_INTERPOSER, remote))
                if path is None]
     if proxy is None or remote is None:
+        reason = native.not_shipped_reason()
+        if reason is not None:
+            raise Refused(f"transparent mode's native parts are not installed ({', '.join(missing)}): {reason}")
         raise Refused(f"transparent mode's native parts are not built ({', '.join(missing)}): run `{BUILD_HINT}` "
                       f"in {native.SOURCE_ROOT} (it builds interpose/ and emulator/ too), or install a jitckpt wheel "
                       "built with them")

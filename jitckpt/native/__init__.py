@@ -14,8 +14,10 @@ The native parts are built by ``make`` from the source tree:
 They are looked up in two places, first match wins:
 
 1. **package data**, ``jitckpt/native/_build/{emulator,interpose,proxy_server}/``: what a
-   wheel (``pip install .``) carries, copied there by the build hook in
-   ``setup.py``;
+   wheel (``pip install .``) carries, copied there by the build hook
+   (``setup.py``, ``native_build.py``), with ``build-info.json``: which headers
+   they were built against, or that the wheel was built without them
+   (``JITCKPT_BUILD_NATIVE=0``), which ``build_info`` reads;
 2. **the source tree** this package sits in, ``emulator/build/``,
    ``interpose/build/`` and ``proxy_server/build/`` (an editable install or a plain checkout), built on
    demand by ``ensure_built``.
@@ -23,9 +25,11 @@ They are looked up in two places, first match wins:
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
 PACKAGE_BUILD = Path(__file__).resolve().parent / "_build"
 SOURCE_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -43,6 +47,30 @@ FILES: dict[str, tuple[str, ...]] = {
 INTERPOSER_SONAME = "libjitckpt_interpose.so"
 REMOTE_INTERPOSER = "libjitckpt_remote.so"
 PROXY_EXECUTABLE = "jitckpt-proxy"
+
+
+# What native_build.py records in a wheel, next to the parts (keep the name in step).
+BUILD_INFO = "build-info.json"
+
+
+def build_info() -> Optional[dict[str, Any]]:
+    """The wheel's record of its native build (read as JSON data only), or None: a source tree, or unreadable."""
+    try:
+        info = json.loads((PACKAGE_BUILD / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def not_shipped_reason() -> Optional[str]:
+    """Why this jitckpt has no native parts, when it was built without them on purpose (else None)."""
+    info = build_info()
+    if info is None or info.get("native") is not False:
+        return None
+    reason = info.get("reason")
+    return (f"this jitckpt was installed without its native parts ({reason if isinstance(reason, str) else 'no reason'}"
+            "): reinstall it without JITCKPT_BUILD_NATIVE=0, on a machine with make, gcc and the headers "
+            "(an isolated `pip install` fetches the headers)")
 
 
 class NativeMissing(RuntimeError):
@@ -79,6 +107,9 @@ def ensure_built(part: str) -> Path:
         return found
     source = source_dir(part)
     if not (source / "Makefile").is_file():
+        reason = not_shipped_reason()
+        if reason is not None:
+            raise NativeMissing(f"the {part} libraries are not installed: {reason}")
         raise NativeMissing(
             f"the {part} libraries are not installed with this jitckpt and there is no source tree at {source} "
             f"to build them from: reinstall jitckpt from a wheel built on a machine with gcc, the CUDA 13 headers "
