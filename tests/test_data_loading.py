@@ -89,11 +89,25 @@ def test_a_rank_killed_inside_its_optimizer_step_in_the_second_epoch_resumes_wit
     assert result.sha == expected, result.output[-4000:]
 
 
-def _lose_rank_loader_state(step_dir, rank: int) -> int:
+def test_loaders_that_had_not_moved_or_not_started_resume_with_the_ranks_own_state(tmp_path, loader_reference):
+    """Two more loaders mixed into the loss: ``aux`` last gave a batch at minibatch 3, ``late`` gives its first at
+    minibatch 9.  Rank 1 dies in minibatch 5: its replacement needs its own state of both, which no fetch in
+    minibatch 5 recorded.  Before, the stash held only the loaders that fetched in the minibatch: the
+    replacement took its replica's ``aux`` and ``late`` states and the job ended with other parameters."""
+    expected = _reference(loader_reference, ["--aux"])
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=["--aux", "--die", "1:5:kill"])
+    assert result.returncode == 0, result.output[-4000:]
+    assert "[jitckpt rank 1] data loader #1: resuming with rank 1's own position" in result.output, \
+        result.output[-4000:]
+    assert "[jitckpt rank 1] data loader #2: rank 1's loader had not yielded a batch by minibatch 5" in result.output, \
+        result.output[-4000:]
+    assert result.sha == expected, result.output[-4000:]
+
+
+def _lose_rank_loader_state(step_dir, rank: int) -> None:
     """What a lost host leaves: no copy of ``rank``'s own loader state in any replica's checkpoint of the step
-    (the file and its metadata entry removed); returns how many copies were removed."""
+    (each copy's file and metadata entry removed)."""
     name = f"jitckpt-loader/rank-{rank:05d}.bin"
-    removed = 0
     for replica in sorted(step_dir.glob("rank-*")):
         meta_path = replica / "jitckpt-meta.json"
         meta = json.loads(meta_path.read_text())
@@ -101,8 +115,7 @@ def _lose_rank_loader_state(step_dir, rank: int) -> int:
             del meta["files"][name]
             (replica / name).unlink()
             meta_path.write_text(json.dumps(meta))
-            removed += 1
-    return removed
+    assert not list(step_dir.glob(f"rank-*/{name}"))
 
 
 def test_a_rank_whose_own_loader_state_is_lost_stops_the_job_with_the_reason(tmp_path, loader_reference):
@@ -115,7 +128,7 @@ def test_a_rank_whose_own_loader_state_is_lost_stops_the_job_with_the_reason(tmp
     first = run_jit(ckpt, nproc=NPROC, max_restarts=0, script=SCRIPT, args=args)
     assert first.returncode != 0 and (ckpt / "step-00000010").is_dir(), first.output[-4000:]
     assert not (ckpt / "step-00000010" / "rank-00000").exists()  # rank 0 died: only its replicas saved
-    assert _lose_rank_loader_state(ckpt / "step-00000010", 0) == NPROC - 1
+    _lose_rank_loader_state(ckpt / "step-00000010", 0)
     kept = tmp_path / "ckpt-copy"
     shutil.copytree(ckpt, kept)
 

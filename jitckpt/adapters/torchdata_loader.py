@@ -332,7 +332,9 @@ def _attach_main_process(loader_cls: type, iterator_cls: type) -> None:
         rt = worker.current()
         if rt is not None and in_jit_save() and getattr(self, "_jitckpt_number", None) is not None:
             saved = _get_positions(rt).state_at(self, rt.step)
-            if saved is not None and not _is_marker(saved, EPOCH_END) and not _is_marker(saved, NOT_STARTED):
+            if _is_marker(saved, NOT_STARTED):
+                return {}  # not started (load_state_dict({}) leaves a loader fresh); no iterator made in the save
+            if saved is not None and not _is_marker(saved, EPOCH_END):
                 return saved  # where the saved minibatch starts, not where the loader is now
         return original_state_dict(self)
 

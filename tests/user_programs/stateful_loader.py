@@ -12,7 +12,12 @@
   ``optimizer.step()`` of minibatch STEP, in attempt 0 (its replicas save
   STEP+1): WHERE ``hook`` (default) kills in the optimizer's own step
   pre-hook, after torch's global ones; ``wrapped`` in a wrapper the script
-  put around ``optimizer.step``, before any of torch's hooks run.
+  put around ``optimizer.step``, before any of torch's hooks run;
+- ``--aux``: two more StatefulDataLoaders mixed into the loss, saved and
+  loaded the same way: ``aux`` (2 workers, augmented) gives a batch every
+  4th minibatch from minibatch 3 on, ``late`` (no workers, augmented in this
+  process) every 4th from minibatch 9 on, so a failure in between finds one
+  that has not moved since its last batch and one that has not started.
 
 Prints ``final parameters sha256 <hex>`` on rank 0.
 """
@@ -62,6 +67,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--die", default="")
     p.add_argument("--die-in-step", default="")
+    p.add_argument("--aux", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -98,10 +104,29 @@ def main() -> None:
     dataset = NoisySines(args.samples)
     sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed)
     loader = StatefulDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=args.workers)
+    extra: dict[str, tuple[StatefulDataLoader, int]] = {}  # name -> (loader, first minibatch it is used in)
+    if args.aux:
+        for name, workers, first in (("aux", 2, 3), ("late", 0, 9)):
+            extra_set = NoisySines(args.samples)
+            extra_sampler = DistributedSampler(extra_set, shuffle=True, seed=args.seed + first)
+            extra[name] = (StatefulDataLoader(extra_set, batch_size=4, sampler=extra_sampler, num_workers=workers), first)
+    extra_iters: dict[str, object] = {}
+
+    def extra_batches(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        batches = []
+        for name, (extra_loader, first) in extra.items():
+            if step >= first and (step - first) % 4 == 0:
+                try:
+                    batches.append(next(extra_iters[name]))
+                except StopIteration:
+                    extra_iters[name] = iter(extra_loader)
+                    batches.append(next(extra_iters[name]))
+        return batches
 
     def save(path: str) -> None:
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "loader": loader.state_dict(), **progress}, os.path.join(path, "state.pt"))
+                    "loader": loader.state_dict(), **{name: l.state_dict() for name, (l, _) in extra.items()},
+                    **progress}, os.path.join(path, "state.pt"))
 
     jitckpt.register_save_checkpoint(save)
     path = jitckpt.jit_get_checkpoint_path()
@@ -110,10 +135,14 @@ def main() -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         loader.load_state_dict(state["loader"])
+        for name, (extra_loader, _) in extra.items():
+            extra_loader.load_state_dict(state[name])
         progress.update(epoch=state["epoch"], step=state["step"])
         if rank == 0:
             print(f"resumed at epoch {progress['epoch']} step {progress['step']}", flush=True)
 
+    for name, (extra_loader, _) in extra.items():
+        extra_iters[name] = iter(extra_loader)  # made before training, in every attempt (each draws a seed)
     ddp = DDP(model)
     loss_fn = nn.MSELoss()
     while progress["epoch"] < args.epochs:
@@ -123,6 +152,8 @@ def main() -> None:
                 print(f"rank {rank}: dying ({how}) in minibatch {progress['step']}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
             loss = loss_fn(ddp(x), y)
+            for xa, ya in extra_batches(progress["step"]):
+                loss = loss + 0.5 * loss_fn(ddp(xa), ya)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
