@@ -183,12 +183,12 @@ def find_cuda_headers(build_env: bool = True) -> tuple[Optional[Headers], list[s
     places = [(site, "the build environment") for site in (_build_env_sites() if build_env else [])]
     places += [(site, "the environment being installed into") for site in _target_sites()]
     for site, where in places:
-        versions = ", ".join(f"{name} {v}" for name in ("nvidia-cuda-runtime", "nvidia-cuda-crt", "nvidia-cuda-cccl",
-                                                          "nvidia-cuda-profiler-api")
-                             if (v := _wheel_version(site, name)))
-        found = _cuda_at(site / "nvidia" / "cu13" / "include",
-                         f"NVIDIA's header wheels in {where}{f' ({versions})' if versions else ''}")
+        found = _cuda_at(site / "nvidia" / "cu13" / "include", f"NVIDIA's header wheels in {where}")
         if found:
+            versions = ", ".join(f"{name} {v}" for name in ("nvidia-cuda-runtime", "nvidia-cuda-crt",
+                                                              "nvidia-cuda-cccl", "nvidia-cuda-profiler-api")
+                                 if (v := _wheel_version(site, name)))
+            found.how += f" ({versions})" if versions else ""
             return found, searched
     searched.append("NVIDIA's header wheels (nvidia/cu13/include) in "
                     + ("the build environment and " if build_env else "") + "the environment being installed into")
@@ -213,11 +213,10 @@ def find_nccl_header(build_env: bool = True) -> tuple[Optional[Headers], list[st
     places = [(site, "the build environment") for site in (_build_env_sites() if build_env else [])]
     places += [(site, "the environment being installed into") for site in _target_sites()]
     for site, where in places:
-        version = _wheel_version(site, "nvidia-nccl-cu13")
-        found = _nccl_at(site / "nvidia" / "nccl" / "include",
-                         f"nvidia-nccl-cu13{f' {version}' if version else ''} in {where}")
-        if found:
-            return found, searched
+        include = site / "nvidia" / "nccl" / "include"
+        if (include / "nccl.h").is_file():
+            version = _wheel_version(site, "nvidia-nccl-cu13")
+            return _nccl_at(include, f"nvidia-nccl-cu13{f' {version}' if version else ''} in {where}"), searched
     searched.append("nvidia-nccl-cu13 (nvidia/nccl/include) in "
                     + ("the build environment and " if build_env else "") + "the environment being installed into")
     system = []
