@@ -184,6 +184,35 @@ def test_wheel_install_runs_a_job_through_a_failure(image, tmp_path):
     assert "resuming from minibatch 5" in output, output[-4000:]
 
 
+def backend(env: dict[str, str]) -> dict:
+    """The build backend's answers for this interpreter: the requirements it gives pip for a wheel (the PEP 517
+    hook), and the headers it finds without any (how each was found, or None)."""
+    hook = ("import json, native_build as b; cuda, nccl = b.find_cuda_headers(False)[0], b.find_nccl_header(False)[0]; "
+            "print(json.dumps({'requires': b.get_requires_for_build_wheel(), 'cuda': cuda and cuda.how, "
+            "'nccl': nccl and nccl.how}))")
+    done = subprocess.run([sys.executable, "-c", hook], capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_build_asks_only_for_the_headers_this_host_lacks(tmp_path: Path) -> None:
+    """The 300 MB nvidia-nccl-cu13 wheel is fetched for its header only when no nccl.h is found elsewhere (here:
+    the one installed in this environment), the CUDA header wheels only when the toolkit has no headers."""
+    header_wheels = ("nvidia-cuda-runtime", "nvidia-cuda-crt", "nvidia-cuda-cccl", "nvidia-cuda-profiler-api",
+                     "nvidia-nccl-cu13")
+    here = backend(build_env())
+    if not here["cuda"] or not here["nccl"] or "environment being installed into" not in here["nccl"]:
+        pytest.skip(f"needs the CUDA toolkit's headers and nvidia-nccl-cu13 installed in this environment ({here})")
+    assert not [r for r in here["requires"] if r.startswith(header_wheels)], here
+    no_cuda = tmp_path / "no-cuda"
+    no_cuda.mkdir()
+    asked = [r for r in backend(build_env(CUDA_HOME=str(no_cuda)))["requires"] if r.startswith(header_wheels)]
+    assert asked == ["nvidia-cuda-runtime>=13,<14", "nvidia-cuda-crt>=13,<14", "nvidia-cuda-cccl>=13,<14",
+                     "nvidia-cuda-profiler-api>=13,<14"], asked
+    opted_out = backend(build_env(CUDA_HOME=str(no_cuda), JITCKPT_BUILD_NATIVE="0"))["requires"]
+    assert not [r for r in opted_out if r.startswith(header_wheels)], opted_out
+
+
 # ---- builds that cannot build the native parts, and the opt-out --------------------------------------
 
 
