@@ -155,6 +155,19 @@ def _define(header: Path, name: str) -> str:
     return found.group(1) if found else ""
 
 
+def _explicit(variable: str) -> Optional[Path]:
+    """The directory an environment variable names, if it is set."""
+    value = os.environ.get(variable, "").strip()
+    return Path(value) if value else None
+
+
+def _wheel_sites(build_env: bool) -> list[tuple[Path, str]]:
+    """Where installed wheels may hold headers, each with its description: the build environment (unless
+    ``build_env`` is False), then the environment being installed into."""
+    places = [(site, "the build environment") for site in (_build_env_sites() if build_env else [])]
+    return places + [(site, "the environment being installed into") for site in _target_sites()]
+
+
 def _cuda_at(include: Path, how: str) -> Optional[Headers]:
     """The CUDA headers in ``include`` if every one the build needs is there."""
     if not all((include / name).is_file() for name in CUDA_HEADERS):
@@ -170,19 +183,15 @@ def _cuda_at(include: Path, how: str) -> Optional[Headers]:
 
 def find_cuda_headers(build_env: bool = True) -> tuple[Optional[Headers], list[str]]:
     """The CUDA 13 runtime headers (see the module's docstring for the order), and every place looked at."""
-    searched: list[str] = []
-    explicit = os.environ.get("CUDA_INCLUDE", "").strip()
+    explicit = _explicit("CUDA_INCLUDE")
     if explicit:
-        searched.append(f"CUDA_INCLUDE={explicit}")
-        return _cuda_at(Path(explicit), "CUDA_INCLUDE"), searched
-    cuda_home = Path(os.environ.get("CUDA_HOME", "").strip() or "/usr/local/cuda")
-    searched.append(f"the CUDA toolkit, {cuda_home}/include (CUDA_HOME)")
+        return _cuda_at(explicit, "CUDA_INCLUDE"), [f"CUDA_INCLUDE={explicit}"]
+    cuda_home = _explicit("CUDA_HOME") or Path("/usr/local/cuda")
+    searched = [f"the CUDA toolkit, {cuda_home}/include (CUDA_HOME)"]
     found = _cuda_at(cuda_home / "include", f"the CUDA toolkit, CUDA_HOME={cuda_home}")
     if found:
         return found, searched
-    places = [(site, "the build environment") for site in (_build_env_sites() if build_env else [])]
-    places += [(site, "the environment being installed into") for site in _target_sites()]
-    for site, where in places:
+    for site, where in _wheel_sites(build_env):
         found = _cuda_at(site / "nvidia" / "cu13" / "include", f"NVIDIA's header wheels in {where}")
         if found:
             versions = ", ".join(f"{name} {v}" for name in ("nvidia-cuda-runtime", "nvidia-cuda-crt",
@@ -205,25 +214,21 @@ def _nccl_at(include: Path, how: str) -> Optional[Headers]:
 
 def find_nccl_header(build_env: bool = True) -> tuple[Optional[Headers], list[str]]:
     """NCCL's header (see the module's docstring for the order), and every place looked at."""
-    searched: list[str] = []
-    explicit = os.environ.get("NCCL_INCLUDE", "").strip()
+    explicit = _explicit("NCCL_INCLUDE")
     if explicit:
-        searched.append(f"NCCL_INCLUDE={explicit}")
-        return _nccl_at(Path(explicit), "NCCL_INCLUDE"), searched
-    places = [(site, "the build environment") for site in (_build_env_sites() if build_env else [])]
-    places += [(site, "the environment being installed into") for site in _target_sites()]
-    for site, where in places:
+        return _nccl_at(explicit, "NCCL_INCLUDE"), [f"NCCL_INCLUDE={explicit}"]
+    searched: list[str] = []
+    for site, where in _wheel_sites(build_env):
         include = site / "nvidia" / "nccl" / "include"
         if (include / "nccl.h").is_file():
             version = _wheel_version(site, "nvidia-nccl-cu13")
             return _nccl_at(include, f"nvidia-nccl-cu13{f' {version}' if version else ''} in {where}"), searched
     searched.append("nvidia-nccl-cu13 (nvidia/nccl/include) in "
                     + ("the build environment and " if build_env else "") + "the environment being installed into")
-    system = []
-    if os.environ.get("NCCL_HOME", "").strip():
-        system.append(Path(os.environ["NCCL_HOME"].strip()) / "include")
-    system += [Path(os.environ.get("CUDA_HOME", "").strip() or "/usr/local/cuda") / "include",
-               Path("/usr/include"), Path("/usr/local/include")]
+    nccl_home = _explicit("NCCL_HOME")
+    system = [nccl_home / "include"] if nccl_home else []
+    system += [(_explicit("CUDA_HOME") or Path("/usr/local/cuda")) / "include", Path("/usr/include"),
+               Path("/usr/local/include")]
     for include in system:
         found = _nccl_at(include, f"the system's, {include}")
         if found:

@@ -344,6 +344,15 @@ def _named(path: str, option: str) -> _Found:
     return _Found(resolved, option, _is_emulator(resolved))
 
 
+def _choose(named: Optional[str], option: str, soname: str, report: Any, env: dict[str, str]) -> Optional[_Found]:
+    """The file ``option`` names, else the ``soname`` the program loads, else the one its search path holds."""
+    if named:
+        return _named(named, option)
+    if report is None:
+        return None
+    return _in_closure(report, soname) or _loader_search(report, soname, env)
+
+
 def _searched(report: Any, env: dict[str, str]) -> str:
     """Where the loader's search looks, in words, for a refusal."""
     root = report.root.obj
@@ -373,13 +382,7 @@ def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) ->
         build = emulator.library_dir()
         how = f"the CPU device emulator: --emulated-gpus {args.emulated_gpus}"
         return ProxyLibraries(str(build / CUDART_SONAME), how, str(build / NCCL_SONAME), how)
-    cudart: Optional[_Found]
-    if args.proxy_cudart:
-        cudart = _named(args.proxy_cudart, "--proxy-cudart")
-    else:
-        cudart = _in_closure(report, CUDART_SONAME) if report is not None else None
-        if cudart is None and report is not None:
-            cudart = _loader_search(report, CUDART_SONAME, env)
+    cudart = _choose(args.proxy_cudart, "--proxy-cudart", CUDART_SONAME, report, env)
     if cudart is None:
         where = _searched(report, env) if report is not None else "nothing (no analysis of the program)"
         raise Refused(
@@ -387,13 +390,7 @@ def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) ->
             f"load: searched {where}. Install the CUDA 13 runtime (the CUDA toolkit, or `pip install "
             "nvidia-cuda-runtime`) and put its directory on LD_LIBRARY_PATH, or name the file with --proxy-cudart "
             "PATH; to test without a GPU, --emulated-gpus N runs the job on the CPU device emulator")
-    nccl: Optional[_Found]
-    if args.proxy_nccl:
-        nccl = _named(args.proxy_nccl, "--proxy-nccl")
-    else:
-        nccl = _in_closure(report, NCCL_SONAME) if report is not None else None
-        if nccl is None and report is not None:
-            nccl = _loader_search(report, NCCL_SONAME, env)
+    nccl = _choose(args.proxy_nccl, "--proxy-nccl", NCCL_SONAME, report, env)
     if nccl is not None and cudart.emulated != nccl.emulated:
         emulated, real = (cudart, nccl) if cudart.emulated else (nccl, cudart)
         raise Refused(f"the proxies would load the CPU device emulator's {Path(emulated.path).name} "
