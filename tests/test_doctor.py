@@ -736,3 +736,20 @@ def test_unreadable_file(tmp_path: Path) -> None:
     path.chmod(0)
     status, _, err = run_doctor(str(path))
     assert status == 2 and "cannot read" in err and err.count("\n") == 1
+
+
+def test_nodeflib_program_still_finds_ld_so_cache_entries_outside_the_system_directories(
+        real_cudart: Path, gcc: str, tmp_path: Path) -> None:
+    """DF_1_NODEFLIB makes glibc skip the ld.so.cache entries in the system directories only, not every entry."""
+    cache_entry = next((line.rsplit("=> ", 1)[1].strip() for line in
+                        subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout.splitlines()
+                        if line.strip().startswith("libcudart.so.13 ")), None)
+    if cache_entry is None:
+        pytest.skip("libcudart.so.13 is not in this machine's ld.so.cache")
+    (tmp_path / "uses_rt.c").write_text("int cudaGetDeviceCount(int *);\nint main(void) { int n; return cudaGetDeviceCount(&n); }\n")
+    _run([gcc, "-o", "prog_nodeflib", "uses_rt.c", f"-L{real_cudart.parent}", "-l:libcudart.so.13",
+          "-Wl,-z,nodefaultlib"], tmp_path)
+    runtime = obj(doctor_json(tmp_path / "prog_nodeflib"), "libcudart.so.13")
+    # glibc's dl-load.c: with DF_1_NODEFLIB a cache entry is dropped only if it lies in a system directory
+    assert runtime["path"] is not None and Path(runtime["path"]).resolve() == Path(cache_entry).resolve()
+    assert runtime["found_via"] == "ld.so.cache"

@@ -125,14 +125,17 @@ class LibrarySearch:
                 candidate = os.path.join(directory, needed)
                 if os.path.isfile(candidate) and compatible(candidate):
                     return candidate, how
-        if requester.nodeflib:
-            return None, "not found (DF_1_NODEFLIB: no system directories)"
-        for candidate in self.cache.get(needed, []):
-            if os.path.isfile(candidate) and compatible(candidate):
-                return candidate, "ld.so.cache"
         multiarch = _MULTIARCH.get(target.machine)
         defaults = ([f"/lib/{multiarch}", f"/usr/lib/{multiarch}"] if multiarch else []) + (
             ["/lib64", "/usr/lib64"] if target.elf_class == 64 else []) + ["/lib", "/usr/lib"]
+        for candidate in self.cache.get(needed, []):
+            # DF_1_NODEFLIB: glibc still uses ld.so.cache, except its entries in the system directories
+            if requester.nodeflib and os.path.dirname(candidate) in defaults:
+                continue
+            if os.path.isfile(candidate) and compatible(candidate):
+                return candidate, "ld.so.cache"
+        if requester.nodeflib:
+            return None, "not found (DF_1_NODEFLIB: ld.so.cache outside the system directories only)"
         for directory in defaults:
             candidate = os.path.join(directory, needed)
             if os.path.isfile(candidate) and compatible(candidate):
