@@ -416,6 +416,11 @@ def native_parts() -> tuple[Path, Path]:
         raise Refused(f"transparent mode's native parts are not built ({', '.join(missing)}): run `{BUILD_HINT}` "
                       f"in {native.SOURCE_ROOT} (it builds interpose/ and emulator/ too), or install a jitckpt wheel "
                       "built with them")
+    try:
+        native.trusted(native.PROXY, proxy.parent)
+        native.trusted(native.INTERPOSE, remote.parent)
+    except native.NativeMissing as exc:
+        raise Refused(str(exc)) from None
     return proxy, remote
 
 

@@ -26,6 +26,8 @@ They are looked up in two places, first match wins:
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -104,7 +106,7 @@ def ensure_built(part: str) -> Path:
     """The build directory of ``part``, running ``make`` in the source tree first if needed."""
     found = build_dir(part)
     if found is not None:
-        return found
+        return trusted(part, found)
     source = source_dir(part)
     if not (source / "Makefile").is_file():
         reason = not_shipped_reason()
@@ -116,8 +118,9 @@ def ensure_built(part: str) -> Path:
             f"and nvidia-nccl-cu13"
         )
     try:
+        # umask 022 whatever the user's: what jit-run preloads into every worker must not be writable by others
         result = subprocess.run(["make", "-s", "-C", str(source), "-j2", f"PYTHON={sys.executable}"],
-                                capture_output=True, text=True)
+                                capture_output=True, text=True, preexec_fn=lambda: os.umask(0o022))
     except OSError as exc:
         raise NativeMissing(f"the {part} libraries are not built and make cannot run ({exc})") from None
     found = build_dir(part)
@@ -126,4 +129,34 @@ def ensure_built(part: str) -> Path:
             f"building {source} failed (it needs gcc, the CUDA 13 headers in /usr/local/cuda/include and "
             f"`pip install nvidia-nccl-cu13`):\n{result.stderr[-2000:]}"
         )
-    return found
+    return trusted(part, found)
+
+
+def trusted(part: str, directory: Path) -> Path:
+    """``directory`` if no file of ``part`` in it, nor a folder above them, can be changed by another user.
+
+    jit-run preloads these libraries into every worker and runs the proxy as
+    the job's user, so a file that others can write is code they can inject.
+    Raises NativeMissing naming the file and the fix.
+    """
+    me = os.geteuid()
+    checked: set[Path] = set()
+    for name in FILES[part]:
+        path = directory / name
+        for item in (path, *path.parents):
+            if item in checked or item == item.parent:
+                break
+            checked.add(item)
+            try:
+                info = item.stat()
+            except OSError:
+                continue
+            sticky_dir = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX
+            if info.st_uid not in (me, 0):
+                raise NativeMissing(f"{item} belongs to another user (uid {info.st_uid}), and jitckpt runs its "
+                                    f"{part} files as code in every worker: use a copy that you or root own")
+            if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
+                raise NativeMissing(f"{item} can be written by other users, and jitckpt runs its {part} files as "
+                                    f"code in every worker: `chmod go-w {item}` (and rebuild if it may have "
+                                    "been changed)")
+    return directory
