@@ -1,25 +1,33 @@
 """Who can read and write a checkpoint root: everything jitckpt creates is owner-only whatever the umask
 (checkpoint folders and files, the user's files once committed, the copies of every rank's stash, the
 run directory's event logs, the report, the host stash itself), and a root other users can write to is
-refused before anything runs."""
+refused before anything runs.  Making things owner-only reaches nothing outside (a file the save function
+hard-links into a checkpoint keeps its mode), never costs a save (a mode that cannot be changed is a
+warning), and is never led elsewhere: a link, or another user's folder, where jitckpt keeps its files is
+refused."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO, job_env, run_jit
-from jitckpt.store import CheckpointError, ParallelCoordinates, check_writable
-from jitckpt.store.disk import META_FILE, PendingSave
+from jitckpt.launch import report
+from jitckpt.store import CheckpointError, CheckpointWarning, ParallelCoordinates, check_writable
+from jitckpt.store.disk import META_FILE, PendingSave, verify_or_raise
 from jitckpt.worker import stash
 
 LOADER_SCRIPT = REPO / "tests" / "user_programs" / "stateful_loader.py"
+VOCAB_SCRIPT = REPO / "tests" / "user_programs" / "linked_vocab.py"
+OTHER_UID = 65534  # nobody
 
 
 def _mode(path) -> int:
@@ -142,3 +150,151 @@ def test_jit_run_refuses_a_world_writable_root_before_starting(tmp_path):
     assert result.returncode == 2
     assert "can be written by other users" in result.stderr and f"chmod go-w {root}" in result.stderr
     assert not any(root.iterdir()), "nothing may be created in a refused root"
+
+
+def _committed(pending: PendingSave) -> tuple[Path, list[str]]:
+    """Commit ``pending``; returns the checkpoint and the CheckpointWarnings the commit gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CheckpointWarning)
+        final = pending.commit()
+    return final, [str(w.message) for w in caught if issubclass(w.category, CheckpointWarning)]
+
+
+def test_a_file_the_save_function_hard_links_in_keeps_its_mode_outside(tmp_path, open_umask):
+    """A save function that ``os.link``s a large unchanged file (a vocabulary, frozen weights) into the
+    checkpoint: its mode is the shared original's, so it is left as it is, and said once."""
+    root = check_writable(tmp_path / "ckpt")
+    vocab, frozen = tmp_path / "vocab.txt", tmp_path / "frozen.bin"
+    for shared in (vocab, frozen):
+        shared.write_text(f"shared {shared.name}")
+        os.chmod(shared, 0o644)
+    pending = PendingSave(root, 3, ParallelCoordinates.from_layout(0, 2))
+    (pending.path / "state.pt").write_bytes(b"x")  # 0666 under umask 000
+    os.link(vocab, pending.path / "vocab.txt")
+    (pending.path / "weights").mkdir()
+    os.link(frozen, pending.path / "weights" / "frozen.bin")
+    final, warned = _committed(pending)
+    assert _mode(vocab) == 0o644 and _mode(frozen) == 0o644, "a file outside the checkpoint changed its mode"
+    assert _mode(final / "state.pt") == 0o600 and _mode(final / "weights") == 0o700
+    assert len(warned) == 1 and "vocab.txt" in warned[0] and "weights/frozen.bin" in warned[0], warned
+    assert warned[0].startswith(f"{final}: left open to other users, since other hard links share their mode")
+    assert verify_or_raise(final).step == 3
+    assert _open_to_others(root) == [f"ckpt/{final.relative_to(root)}/vocab.txt (644)",
+                                     f"ckpt/{final.relative_to(root)}/weights/frozen.bin (644)"]
+
+
+def test_a_job_whose_save_links_its_vocabulary_in_leaves_the_original_alone(tmp_path, open_umask):
+    """The same through jit-run: a rank dies, the others' save functions link the vocabulary into their JIT
+    checkpoints; the shared original keeps 0644, the job resumes from those checkpoints and completes."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("the quick brown fox\n" * 1000)
+    os.chmod(vocab, 0o644)
+    ckpt = tmp_path / "ckpt"
+    result = run_jit(ckpt, nproc=2, args=["--steps", "8", "--vocab", str(vocab), "--die", "1:4"], script=VOCAB_SCRIPT)
+    assert result.returncode == 0, result.output[-4000:]
+    resumed = re.findall(r"resumed at minibatch (\d+) with the vocabulary from (\S+)", result.output)
+    assert len(resumed) == 2, result.output[-4000:]
+    assert _mode(vocab) == 0o644, f"the shared vocabulary became {_mode(vocab):o}"
+    for _, path in resumed:
+        assert (Path(path) / "vocab.txt").samefile(vocab)
+        assert re.search(rf"{re.escape(path)}: left open to other users, since other hard links share their mode "
+                         rf".*: vocab\.txt\.", result.output), result.output[-4000:]
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """Make a file immutable (``chattr +i``: not even its owner, nor root, may change its mode); undone after."""
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True) if shutil.which("chattr") else None
+        if done is None or done.returncode != 0:
+            pytest.skip("needs a file whose mode cannot be changed: chattr +i is not available here "
+                        f"({done.stderr.strip() if done else 'no chattr'})")
+        made.append(path)
+
+    yield make
+    for path in made:
+        subprocess.run(["chattr", "-i", str(path)], check=False)
+
+
+def test_a_mode_that_cannot_be_changed_is_a_warning_not_a_lost_save(tmp_path, open_umask, immutable):
+    root = check_writable(tmp_path / "ckpt")
+    pending = PendingSave(root, 3, ParallelCoordinates.from_layout(0, 2))
+    (pending.path / "state.pt").write_bytes(b"x")
+    (pending.path / "pinned.bin").write_bytes(b"y")
+    immutable(pending.path / "pinned.bin")
+    final, warned = _committed(pending)
+    assert verify_or_raise(final).step == 3, "the save was lost over a mode"
+    assert _mode(final / "state.pt") == 0o600
+    assert len(warned) == 1 and "could not make these owner-only" in warned[0] and "pinned.bin" in warned[0], warned
+
+
+def test_a_link_in_the_checkpoint_where_jitckpt_writes_its_files_is_refused(tmp_path):
+    """A folder of jitckpt's own (``jitckpt-rng/``) or its file replaced by a link, or a file of its own that
+    is hard-linked elsewhere, in a pending checkpoint: nothing is written through them."""
+    root = check_writable(tmp_path / "ckpt")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "kept.bin").write_bytes(b"not jitckpt's")
+    pending = PendingSave(root, 3, ParallelCoordinates.from_layout(0, 2))
+    (pending.path / "jitckpt-rng").symlink_to(elsewhere)
+    with pytest.raises(PermissionError, match=r"jitckpt-rng is a symbolic link, not a folder"):
+        pending.write_file("jitckpt-rng/rank-00001.bin", b"rng")
+    (pending.path / "jitckpt-loader").mkdir()
+    (pending.path / "jitckpt-loader" / "rank-00001.bin").symlink_to(elsewhere / "kept.bin")
+    with pytest.raises(PermissionError, match=r"rank-00001.bin is a symbolic link"):
+        pending.write_file("jitckpt-loader/rank-00001.bin", b"loader")
+    os.link(elsewhere / "kept.bin", pending.path / "jitckpt-ddp-layout.json")
+    with pytest.raises(PermissionError, match=r"jitckpt-ddp-layout.json is a file with other hard links"):
+        pending.write_file("jitckpt-ddp-layout.json", b"[]")
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["kept.bin"]
+    assert (elsewhere / "kept.bin").read_bytes() == b"not jitckpt's"
+
+
+def test_the_host_stash_refuses_a_link_in_place_of_its_folder(tmp_path):
+    """``/dev/shm/jitckpt-<run>`` sits in a sticky folder everyone can write: someone else may have put a link
+    there under that name, to read or replace every rank's state."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    os.chmod(shm, 0o1777)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (shm / "jitckpt-run").symlink_to(theirs)
+    with pytest.raises(PermissionError, match=r"jitckpt-run is a symbolic link, not a folder.*Remove the link"):
+        stash.StepStash(shm / "jitckpt-run", stash.RNG, 2)
+    assert not any(theirs.iterdir())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a folder owned by another user: only root can make one here")
+def test_the_host_stash_refuses_another_users_folder(tmp_path):
+    shm = tmp_path / "shm"
+    (shm / "jitckpt-run").mkdir(parents=True, mode=0o700)
+    os.chmod(shm, 0o1777)
+    os.chown(shm / "jitckpt-run", OTHER_UID, OTHER_UID)
+    with pytest.raises(PermissionError, match=rf"jitckpt-run belongs to another user \(uid {OTHER_UID}\)"):
+        stash.StepStash(shm / "jitckpt-run", stash.RNG, 2)
+    assert not any((shm / "jitckpt-run").iterdir())
+
+
+def test_the_host_stash_tightens_its_own_folder_left_open(tmp_path):
+    shm = tmp_path / "shm" / "jitckpt-run"
+    shm.mkdir(parents=True)
+    os.chmod(shm, 0o777)
+    stash.StepStash(shm, stash.RNG, 2).put(5, b"state")
+    assert _mode(shm) == 0o700 and _mode(stash.stash_path(shm, stash.RNG, 2)) == 0o600
+
+
+def test_folders_the_user_names_are_used_as_they_are(tmp_path):
+    """The checkpoint root and the report's folder are the user's: an existing one is not changed (the
+    root is judged by check_private), a missing one is made owner-only."""
+    root = tmp_path / "project" / "ckpt"
+    root.mkdir(parents=True)
+    os.chmod(root, 0o755)
+    os.chmod(root.parent, 0o2775)  # a team's shared project folder
+    assert check_writable(root) == root and _mode(root) == 0o755 and _mode(root.parent) == 0o2775
+    report.write({"outcome": "completed"}, root.parent / "report.json")
+    assert _mode(root.parent) == 0o2775 and _mode(root.parent / "report.json") == 0o600
+    report.write({"outcome": "completed"}, tmp_path / "new" / "reports" / "report.json")
+    assert _mode(tmp_path / "new") == 0o700 and _mode(tmp_path / "new" / "reports") == 0o700
+

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jitckpt import config
-from jitckpt.store.private import make_private_dir, write_private_file
+from jitckpt.store.private import make_missing_dirs, write_private_file
 
 REPORT_VERSION = 1
 
@@ -214,7 +214,7 @@ def render(report: dict[str, Any]) -> str:
 
 def write(report: dict[str, Any], path: Path) -> None:
     """Write the report to ``path`` atomically, owner-only (with any folder it creates)."""
-    make_private_dir(path.parent, parents=True)
+    make_missing_dirs(path.parent)  # a folder that exists is the user's (/tmp, a shared project folder): left as it is
     tmp = path.with_suffix(".tmp")
     write_private_file(tmp, json.dumps(report, indent=2).encode())
     tmp.replace(path)

@@ -33,7 +33,8 @@ class PendingCheckpoint(abc.ABC):
     """A rank's save in progress: ``path`` for the user's save function, invisible until ``commit``.
 
     Every file of a checkpoint goes through the store, which sets its mode:
-    jitckpt's own through ``write_file``, the user's when ``commit`` takes them.
+    jitckpt's own through ``write_file``, the user's when ``commit`` takes them
+    (but for files hard-linked from elsewhere, whose mode is shared with that place).
     """
 
     path: Path
@@ -41,12 +42,14 @@ class PendingCheckpoint(abc.ABC):
     @abc.abstractmethod
     def write_file(self, name: str, data: bytes) -> Path:
         """Add jitckpt's own file ``name`` (a relative ``/``-separated path; folders are made as needed),
-        owner-only; returns where it is.  ValueError for a name outside the checkpoint."""
+        owner-only; returns where it is.  ValueError for a name outside the checkpoint; PermissionError
+        where a link (or another user's folder) stands in the way: nothing is written through it."""
 
     @abc.abstractmethod
     def commit(self, extra_meta: dict | None = None) -> Path:
         """Make every file owner-only, record integrity data and metadata last, publish atomically;
-        returns the final location."""
+        returns the final location.  A mode it cannot or must not change (a file with other hard links)
+        is a CheckpointWarning, not a failed save."""
 
     @abc.abstractmethod
     def abandon(self) -> None:

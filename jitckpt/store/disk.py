@@ -10,11 +10,14 @@ Layout under the checkpoint directory::
 
 Everything in a checkpoint is owner-only, whatever the umask: jitckpt's own
 folders 0700 and files 0600 from their creation (``jitckpt.store.private``;
-the worker's copies of the ranks' stashes go through ``write_file``), and what
-the user's save function wrote loses its group and other bits at commit.  A
-root that other users can write to is refused (``check_private``), as ssh
-refuses such a key directory: whoever can write there decides what every rank
-loads.
+the worker's copies of the ranks' stashes go through ``write_file``, which
+follows no link the save function may have left), and what the user's save
+function wrote loses its group and other bits at commit; a file it hard-linked
+from elsewhere keeps its mode (changing it would change the file elsewhere
+too), and a mode that cannot be changed is warned about, never a lost save
+(CheckpointWarning, both).  A root that other users can write to is refused
+(``check_private``), as ssh refuses such a key directory: whoever can write
+there decides what every rank loads.
 
 A save writes into a hidden ``.partial`` directory, checksums every file,
 writes the metadata, then renames the directory to ``rank-NNNNN`` in one
@@ -51,7 +54,7 @@ import xxhash
 from jitckpt.store import selection
 from jitckpt.store.base import CheckpointInfo, CheckpointStore, PendingCheckpoint
 from jitckpt.store.errors import CheckpointError, CheckpointWarning
-from jitckpt.store.private import make_private_dir, restrict_to_owner, write_private_file
+from jitckpt.store.private import make_missing_dirs, make_private_dir, restrict_to_owner, write_private_file, write_private_file_in
 from jitckpt.store.shard import ParallelCoordinates
 
 META_FILE = "jitckpt-meta.json"
@@ -92,7 +95,7 @@ def check_writable(root: str | os.PathLike) -> Path:
     """
     path = Path(root).expanduser().resolve()
     try:
-        make_private_dir(path, parents=True)
+        make_missing_dirs(path)  # one that exists is the user's: judged, not changed
         check_private(path)
         probe = path / f".jitckpt-write-probe-{os.getpid()}"
         write_private_file(probe, b"probe", sync=True)
@@ -154,7 +157,18 @@ class PendingSave(PendingCheckpoint):
         Returns the final directory.  If a verified checkpoint of the same step
         and rank already exists it is kept and this save is discarded.
         """
-        restrict_to_owner(self.path)  # what the user's save wrote, with the user's umask
+        kept = restrict_to_owner(self.path)  # what the user's save wrote, with the user's umask
+        if kept.linked:
+            warnings.warn(
+                f"{self.final_path}: left open to other users, since other hard links share their mode (files linked "
+                f"into the checkpoint from elsewhere: making them owner-only here would do so there too): "
+                f"{', '.join(kept.linked)}. The checkpoint's folders are owner-only, so no other user reaches them "
+                f"through the checkpoint",
+                CheckpointWarning, stacklevel=2)
+        if kept.failed:
+            warnings.warn(
+                f"{self.final_path}: could not make these owner-only (the checkpoint is saved all the same; its "
+                f"folders are owner-only): {'; '.join(kept.failed)}", CheckpointWarning, stacklevel=2)
         files = {}
         for file in _data_files(self.path):
             fd = os.open(file, os.O_RDONLY)
@@ -197,10 +211,7 @@ class PendingSave(PendingCheckpoint):
         parts = PurePosixPath(name).parts
         if not parts or parts[0] == "/" or ".." in parts or parts == (META_FILE,):
             raise ValueError(f"{name!r} is not a file name inside the checkpoint (a relative path, not {META_FILE})")
-        target = self.path.joinpath(*parts)
-        make_private_dir(target.parent, parents=True)
-        write_private_file(target, data)
-        return target
+        return write_private_file_in(self.path, parts, data)  # never through a link the save function left there
 
     def abandon(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
