@@ -298,3 +298,33 @@ def test_folders_the_user_names_are_used_as_they_are(tmp_path):
     report.write({"outcome": "completed"}, tmp_path / "new" / "reports" / "report.json")
     assert _mode(tmp_path / "new") == 0o700 and _mode(tmp_path / "new" / "reports") == 0o700
 
+
+_RECORD = (
+    "import os, sys; os.umask(0); from jitckpt import eventlog; "
+    "eventlog.record('resume_refused', rank=0); eventlog.record('worker_exit', rank=0); print('RECORDED')"
+)
+
+
+def test_a_worker_started_by_hand_records_into_a_run_directory_still_missing(tmp_path):
+    run_dir = tmp_path / "runs" / "today" / "run-1"
+    result = subprocess.run([sys.executable, "-c", _RECORD], env=job_env() | {"JITCKPT_RUN_DIR": str(run_dir)},
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0 and "RECORDED" in result.stdout, result.stdout + result.stderr
+    from jitckpt import eventlog
+
+    assert [e["event"] for e in eventlog.read_all(run_dir)] == ["resume_refused", "worker_exit"]
+    made = [tmp_path / "runs", tmp_path / "runs" / "today", run_dir, run_dir / "events"]
+    assert {str(p.relative_to(tmp_path)): _mode(p) for p in made} == {str(p.relative_to(tmp_path)): 0o700 for p in made}
+    assert [_mode(p) for p in (run_dir / "events").iterdir()] == [0o600]
+    assert not result.stderr, result.stderr
+
+
+def test_a_process_that_cannot_record_its_events_says_so_once(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the run directory's parent should be")
+    run_dir = blocker / "run-1"
+    result = subprocess.run([sys.executable, "-c", _RECORD], env=job_env() | {"JITCKPT_RUN_DIR": str(run_dir)},
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 0 and "RECORDED" in result.stdout, result.stdout + result.stderr
+    said = [line for line in result.stderr.splitlines() if "cannot record" in line]
+    assert len(said) == 1 and str(run_dir / "events") in said[0] and "JITCKPT_RUN_DIR" in said[0], result.stderr
