@@ -67,6 +67,10 @@ JIT_SAVE_FAILED_EXIT_CODE = 76
 # Exit status of a worker that refused a resume known not to be bit-exact (DESIGN decision 15):
 # jit-run's agent stops the job on it instead of restarting, since every restart would meet the same.
 RESUME_REFUSED_EXIT_CODE = 77
+# jit-run's own exit status when it stopped the job because resuming would not have repeated the
+# fault-free run (a rank refused, above): distinct from a failed job (torchrun's status, usually 1),
+# so that a scheduler's requeue or retry wrapper does not rerun into the same stop.
+JOB_STOPPED_EXIT_CODE = 77
 
 
 def env_float(name: str, default: float) -> float:

@@ -30,10 +30,12 @@ patches to its ``LocalElasticAgent`` and process context:
    the job from the last JIT checkpoint; the agent counts it as finished
    instead, and the report lists it.
 5. **A refused resume stops the job.**  A worker that refuses a resume known
-   not to be bit-exact (``jitckpt.worker.resume.inexact_resume``) exits with
-   ``RESUME_REFUSED_EXIT_CODE``; every restart would meet the same, so the
-   agent spends no restart on it and lets torchrun stop the workers and
-   fail.
+   not to be bit-exact (``jitckpt.worker.resume.inexact_resume``) records a
+   ``resume_refused`` event and exits with ``RESUME_REFUSED_EXIT_CODE``;
+   every restart would meet the same, so the agent spends no restart on it
+   and lets torchrun stop the workers and fail.  The exit status alone is
+   not enough: a script may exit with 77 itself, which is a failure like
+   any other.
 6. **Rendezvous round and generation.**  The workers learn the c10d
    rendezvous round they were started in, which all nodes agree on, and use
    it to namespace their process-group store (see
@@ -129,7 +131,7 @@ def patch_agent() -> None:
                         restarts_left=self._remaining_restarts,
                     )
             refused = sorted(rank for rank, failure in result.failures.items()
-                             if failure.exitcode == config.RESUME_REFUSED_EXIT_CODE)
+                             if failure.exitcode == config.RESUME_REFUSED_EXIT_CODE and _refused_resume(failure.pid))
             if refused and self._remaining_restarts > 0:  # patch 5
                 emit(f"[jit-run] rank{'s' if len(refused) > 1 else ''} {', '.join(map(str, refused))} refused to "
                      f"resume (the resume would not be bit-exact; the reason is above): stopping the job, no restart")
@@ -158,6 +160,14 @@ def patch_agent() -> None:
     LocalElasticAgent._monitor_workers = monitor
     agent_api.SimpleElasticAgent._restart_workers = restart
     agent_api.SimpleElasticAgent._rendezvous = rendezvous
+
+
+def _refused_resume(pid: int) -> bool:
+    """True if worker ``pid`` recorded that it refused a resume (not merely exited with the same status)."""
+    run_dir = os.environ.get(config.ENV_RUN_DIR)
+    if not run_dir:
+        return False
+    return any(event["event"] == "resume_refused" and event.get("pid") == pid for event in eventlog.read_all(run_dir))
 
 
 def _forgive_crashes_after_finished_scripts() -> None:

@@ -27,7 +27,7 @@ from jitckpt.console import emit
 from jitckpt.launch import report
 from jitckpt.launch.child import wait_forwarding_signals
 from jitckpt.store import CheckpointError, DiskStore, check_writable, is_complete
-from jitckpt.store.disk import make_private_dir
+from jitckpt.store.private import make_private_dir
 from jitckpt.validate import argparse_type, positive_number
 
 
@@ -42,7 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a torchrun job with just-in-time checkpointing: on a failure the healthy "
         "replicas save, torchrun restarts the job, and at most one minibatch is redone.",
         epilog="Subcommands: `jit-run plan --help` (failure-cost model). "
-        "Every option can also be set by the environment variable shown.",
+        "Every option can also be set by the environment variable shown. "
+        f"Exit status: torchrun's (0 when the job completed); {config.JOB_STOPPED_EXIT_CODE} when jit-run stopped "
+        "the job because resuming would not have repeated the fault-free run (see --allow-inexact-resume); "
+        "2 for bad input.",
     )
     parser.add_argument("--checkpoint-dir", default=env(config.ENV_CHECKPOINT_DIR),
                         help=f"where JIT checkpoints go [{config.ENV_CHECKPOINT_DIR}, default "
@@ -294,7 +297,7 @@ def say(message: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Run a job; returns torchrun's exit status (2 for bad input)."""
+    """Run a job; returns torchrun's exit status, ``JOB_STOPPED_EXIT_CODE`` for a stopped job, 2 for bad input."""
     if os.environ.get(config.ENV_ENABLE, "1") == "0":
         args = build_parser().parse_args(argv)
         if not args.command:
@@ -357,10 +360,11 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         say(f"could not write the report to {report_path}: {exc}")
     if result["stopped_because"]:
-        say("the job stopped: resuming would not have repeated the fault-free run (the reason is above); the "
-            "checkpoints are kept. Rerun with --allow-inexact-resume to go on anyway, or with a fresh "
-            "--checkpoint-dir to start afresh")
-    elif code != 0:
+        say(f"the job stopped: resuming would not have repeated the fault-free run (the reason is above); the "
+            f"checkpoints are kept. Rerun with --allow-inexact-resume to go on anyway, or with a fresh "
+            f"--checkpoint-dir to start afresh (jit-run exits with {result['exit_code']}; torchrun's status was {code})")
+        return result["exit_code"]
+    if code != 0:
         say(f"the job failed (torchrun exit status {code})" +
             ("; rerun the same command to resume from the newest JIT checkpoint" if max_restarts(torchrun_args) == 0 else ""))
     return code

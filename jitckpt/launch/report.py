@@ -22,14 +22,31 @@ def _of(records: list[dict], kind: str, attempt: int | None = None) -> list[dict
     return [e for e in records if e["event"] == kind and (attempt is None or e.get("attempt") == attempt)]
 
 
+# jitckpt's own worker exit statuses, each with the event the worker records before it exits with it.
+_OWN_EXITS = {
+    config.JIT_SAVED_EXIT_CODE: "jit_saved",
+    config.JIT_SAVE_FAILED_EXIT_CODE: "jit_save_failed",
+    config.RESUME_REFUSED_EXIT_CODE: "resume_refused",
+}
+
+
+def _own_exit(records: list[dict], failure: dict) -> bool:
+    """True if the worker of an agent's ``worker_failed`` event exited with jitckpt's status for what it recorded.
+
+    The status alone says nothing: a script may exit with 75, 76 or 77 itself.
+    """
+    event = _OWN_EXITS.get(failure.get("exitcode"))  # type: ignore[arg-type]
+    pid = failure.get("worker_pid")
+    return event is not None and pid is not None and any(e["event"] == event and e.get("pid") == pid for e in records)
+
+
 def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict], window: tuple[float, float]) -> dict[str, Any]:
     injected = _of(records, "fault_injected")
     injected = [e for e in injected if _attempt_of_pid(records, e["pid"]) == attempt]
     detections = _of(records, "jit_detected", attempt)
     saves = _of(records, "jit_saved", attempt)
     save_failures = _of(records, "jit_save_failed", attempt)
-    own_exits = (config.JIT_SAVED_EXIT_CODE, config.JIT_SAVE_FAILED_EXIT_CODE, config.RESUME_REFUSED_EXIT_CODE)
-    real_failures = [f for f in agent_failures if f.get("exitcode") not in own_exits]
+    real_failures = [f for f in agent_failures if not _own_exit(records, f)]
     frozen = [e for e in records if e["event"] == "worker_frozen_killed" and window[0] <= e["time"] <= window[1]]
 
     what: list[str] = []
@@ -103,22 +120,23 @@ def _attempt_of_pid(records: list[dict], pid: int) -> int | None:
 
 
 def build(records: list[dict], exit_code: int, command: list[str]) -> dict[str, Any]:
-    """The report as a JSON-able dict."""
+    """The report as a JSON-able dict; ``exit_code`` is torchrun's, the report's own is what jit-run exits with."""
     attempts = sorted({e["attempt"] for e in _of(records, "worker_start")})
     agent_failures = _of(records, "worker_failed")
     failures = []
     for attempt in attempts:
-        ended_by_failure = (
-            _of(records, "jit_detected", attempt)
-            or [e for e in _of(records, "fault_injected") if _attempt_of_pid(records, e["pid"]) == attempt]
-            or attempt + 1 in attempts
-        )
-        if not ended_by_failure:
-            continue
         starts = [e["time"] for e in _of(records, "worker_start", attempt)]
         window_end = min((e["time"] for e in _of(records, "worker_start", attempt + 1)), default=float("inf"))
         window = (min(starts, default=0.0), window_end)
         in_window = [f for f in agent_failures if window[0] <= f["time"] <= window[1]]
+        ended_by_failure = (
+            _of(records, "jit_detected", attempt)
+            or [e for e in _of(records, "fault_injected") if _attempt_of_pid(records, e["pid"]) == attempt]
+            or attempt + 1 in attempts
+            or in_window  # the last attempt, ended by a failed worker (torchrun's restarts spent, or none)
+        )
+        if not ended_by_failure:
+            continue
         failures.append(_failure_record(records, attempt, in_window, window))
 
     exits = [e for e in _of(records, "worker_exit") if e.get("mean_minibatch_seconds")]
@@ -145,7 +163,9 @@ def build(records: list[dict], exit_code: int, command: list[str]) -> dict[str, 
         "outcome": outcome,
         "stopped_because": stopped_because,
         "not_bit_exact": not_bit_exact,
-        "exit_code": exit_code,
+        # jit-run's exit status: torchrun's, or its own for a job it stopped (a requeue wrapper tells them apart)
+        "exit_code": config.JOB_STOPPED_EXIT_CODE if stopped_because else exit_code,
+        "torchrun_exit_code": exit_code,
         "attempts": len(attempts),
         "restarts": max(0, len(attempts) - 1),
         "final_minibatch": max(final_steps) if final_steps else None,
