@@ -19,15 +19,20 @@ What this adapter does, with no change to the script:
 - at the first ``next()`` of each minibatch, before the batch is fetched, the
   loader's state (the position where minibatch i starts) goes into this
   rank's host stash (``jitckpt.worker.stash``), together with the rank's RNG
-  state at that point; at the minibatch's gradient collectives (DDP's
-  all-reduce in backward), and again right before each optimizer step if a
+  state at that point; at the minibatch's collectives (DDP's all-reduce in
+  backward, or the script's own all-reduce of its gradients), after a batch
+  fetched once they have begun (a batch taken between backward() and
+  ``optimizer.step()``), and again right before each optimizer step if a
   batch was fetched since, the state after the minibatch's last batch is
-  stashed for i+1: a rank that dies inside its optimizer step is saved at
-  i+1 by its replicas, and it may die there before any of torch's step hooks
-  run (a wrapper the script put around ``optimizer.step``);
+  stashed for i+1, with the RNG state after it: a rank that dies inside its
+  optimizer step is saved at i+1 by its replicas, and it may die there
+  before any of torch's step hooks run (a wrapper the script put around
+  ``optimizer.step``);
 - each stash entry holds every loader of the rank: one that fetched nothing
-  since the last entry keeps its state, one that never fetched is marked as
-  not started (it then starts afresh on resume, as it did);
+  since the last entry keeps its state; one that never fetched is recorded
+  with the state of the iterator it already has (whose seeds were drawn when
+  the script called ``iter()``), or, without one, as not started (it then
+  starts afresh on resume, as it did);
 - during a JIT save ``loader.state_dict()`` returns the stashed start of the
   saved minibatch, and the JIT save copies every local rank's stash into the
   checkpoint;
@@ -86,11 +91,12 @@ class LoaderPositions:
 
     ``_states[i][n]`` is where loader ``n`` stands when minibatch ``i`` starts.
     It is recorded at ``n``'s first fetch in ``i``; for ``i+1`` at the end of
-    ``i`` (gradient collectives, optimizer pre-step) if ``n`` fetched in
-    ``i``; carried over from ``i`` if ``n`` fetched nothing since the last
-    optimizer step; ``NOT_STARTED`` if ``n`` never fetched nor was loaded; on
-    resume, what ``n`` was loaded with.  Every write of an entry goes to this
-    rank's host stash whole.
+    ``i`` (collectives, a fetch after them, optimizer pre-step) if ``n``
+    fetched in ``i``; carried over from ``i`` if ``n`` fetched nothing since
+    the last optimizer step; if ``n`` never fetched nor was loaded, the state
+    of the iterator it has (made, its seeds drawn, nothing yielded yet), or
+    ``NOT_STARTED`` if it has none; on resume, what ``n`` was loaded with.
+    Every write of an entry goes to this rank's host stash whole.
     """
 
     def __init__(self, rt: "JitRuntime") -> None:
@@ -103,6 +109,12 @@ class LoaderPositions:
         self._known: set[int] = set()  # loaders that yielded a batch or were loaded with a state
         self._fetches = 0  # batches yielded by this process's loaders: the positions change with it
         self._next_stashed: tuple[int, int] | None = None  # (step, fetches) when step+1's positions were stashed
+        # The step in which step+1's positions were stashed after a fetch of that step (a collective that
+        # follows the minibatch's batches): a later fetch in it stashes step+1 again.
+        self._next_final_in: int | None = None
+        self._rng_recorded_for: int | None = None  # the step whose RNG state a first fetch recorded
+        # loader number -> (its iterator, that iterator's state): a loader that has not yielded, recorded once
+        self._unyielded: dict[int, tuple[weakref.ref, Any]] = {}
         self._own: dict[int, Any] | None = None
         self._encoded: tuple[list[tuple[int, Any]], bytes] | None = None  # the last entry encoded, and its bytes
         self._warned: set[str] = set()
@@ -114,31 +126,47 @@ class LoaderPositions:
 
     # ----- recording ---------------------------------------------------------------
 
-    def first_next(self, loader: Any, iterator: Any) -> tuple[Any, bytes] | None:
-        """Before a ``next()``: (loader state, RNG state) if this is the loader's first fetch in this minibatch."""
+    def first_next(self, loader: Any, iterator: Any) -> tuple[Any, bytes | None] | None:
+        """Before a ``next()``: (loader state, RNG state) if this is the loader's first fetch in this minibatch.
+
+        The RNG state only at the minibatch's first fetch of any loader (None at another loader's first).
+        """
         number = loader._jitckpt_number
-        if self._started.get(number) == self.rt.step:
+        step = self.rt.step
+        if self._started.get(number) == step:
             return None
         if self.rt.pending_rng is not None:
             self.rt.minibatch_starts()  # the redone minibatch starts here: its fetch may draw random numbers
         # The RNG state too: what this minibatch draws from, after the script's own draws (iter() of a new epoch).
-        return iterator.state_dict(), rng_state.capture()
+        return iterator.state_dict(), rng_state.capture() if self._rng_recorded_for != step else None
 
-    def fetched(self, loader: Any, before: tuple[Any, bytes] | None) -> None:
-        """After a ``next()`` that yielded a batch: record the minibatch's start (first fetch only)."""
+    def fetched(self, loader: Any, before: tuple[Any, bytes | None] | None) -> None:
+        """After a ``next()`` that yielded a batch: record the minibatch's start (first fetch only).
+
+        A batch fetched after a collective that followed this minibatch's
+        batches (between backward() and ``optimizer.step()``, say) moves where
+        minibatch step+1 starts, and may have drawn random numbers here (a
+        batch augmented in this process): both are stashed for step+1 again,
+        for a rank that dies before torch's step hooks run.
+        """
         number = loader._jitckpt_number
         self._active[number] = weakref.ref(loader)
         self._known.add(number)
+        self._unyielded.pop(number, None)
         self._fetches += 1
-        if before is None:
-            return
         step = self.rt.step
-        self._started[number] = step
-        state, rng = before
-        if self.rt.stash is not None:
-            self.rt.stash.put(step, rng)
-        self._entry(step)[number] = state
-        self._write(step)
+        if before is not None:
+            self._started[number] = step
+            state, rng = before
+            if rng is not None and self._rng_recorded_for != step:
+                # The minibatch's first batch: the RNG state it starts with.  Not at another loader's first
+                # batch later in it (after a forward pass has drawn its dropout masks, say).
+                self._rng_recorded_for = step
+                self.rt.stash_rng(step, rng)
+            self._entry(step)[number] = state
+            self._write(step)
+        if self._next_final_in == step:
+            self.rt.stash_next_minibatch()
 
     def next_positions_final(self) -> None:
         """At a gradient collective, and right before an optimizer step: stash where minibatch step+1 starts.
@@ -153,6 +181,8 @@ class LoaderPositions:
         if key == self._next_stashed:
             return  # nothing fetched since: the stashed positions stand
         self._next_stashed = key
+        if self._active:
+            self._next_final_in = self.rt.step
         step = self.rt.step + 1
         states = self._entry(step)
         for number, ref in list(self._active.items()):
@@ -165,12 +195,12 @@ class LoaderPositions:
             states[number] = EPOCH_END if _exhausted(iterator) else iterator.state_dict()
         self._write(step)
 
-    def gradient_collective(self) -> None:
-        """The runtime's gradient-collective hook: never lets a failure here break the backward pass."""
+    def next_minibatch(self) -> None:
+        """The runtime's next-minibatch hook (collectives): never lets a failure here break the backward pass."""
         try:
             self.next_positions_final()
         except Exception as exc:  # a loader whose state cannot be read: say so once, train on
-            self._warn_once("collective", f"warning: data loaders' positions not stashed at a gradient collective "
+            self._warn_once("collective", f"warning: data loaders' positions not stashed at a collective "
                                           f"({type(exc).__name__}: {exc}); the optimizer pre-step stashes them")
 
     def before_optimizer_step(self) -> None:
@@ -200,14 +230,17 @@ class LoaderPositions:
         states = self._states[step]
         previous = self._states.get(step - 1, {})
         for number, ref in list(self._loaders.items()):
-            if ref() is None:
+            loader = ref()
+            carried = previous.get(number)
+            if loader is None:
                 del self._loaders[number]
             elif number in states or number in self._active:
                 continue  # recorded, or moved since the last optimizer step: recorded by its own fetches
-            elif number in previous:
-                states[number] = previous[number]  # fetched nothing since: it starts step where it started step-1
-            elif number not in self._known:
-                states[number] = NOT_STARTED
+            elif carried is not None and not _is_marker(carried, NOT_STARTED):
+                states[number] = carried  # fetched nothing since: it starts step where it started step-1
+            elif carried is not None or number not in self._known:
+                # Not started yet: the script may have made its iterator since (drawing its seeds).
+                states[number] = self._unyielded_state(number, loader)
         try:
             payload = self._encode(states)
         except safe_codec.SafeCodecError as exc:
@@ -218,6 +251,26 @@ class LoaderPositions:
             self.rt.stash_rank_state(stash.LOADER, step, payload)
         except stash.StashFull as exc:
             self._warn_once("full", f"warning: data loaders' state not stashed: {exc}")
+
+    def _unyielded_state(self, number: int, loader: Any) -> Any:
+        """The state of a loader that has not yielded a batch: its iterator's, or ``NOT_STARTED`` if it has none.
+
+        An iterator drew its seeds (the base seed of its workers, a shuffling
+        sampler's) from the rank's generator when the script called
+        ``iter()``, perhaps minibatches ago: its state carries them, so that
+        the rank's replacement and its replicas resume with them instead of
+        drawing new ones.  Nothing changes in it until it yields, so it is
+        read once per iterator.
+        """
+        iterator = loader._iterator
+        if iterator is None:
+            return NOT_STARTED
+        known = self._unyielded.get(number)
+        if known is not None and known[0]() is iterator:
+            return known[1]
+        state = iterator.state_dict()
+        self._unyielded[number] = (weakref.ref(iterator), state)
+        return state
 
     def _encode(self, states: dict[int, Any]) -> bytes:
         """``states`` encoded; the last encoding again if it holds the very same state objects (nothing moved)."""
@@ -269,7 +322,7 @@ def _get_positions(rt: "JitRuntime") -> LoaderPositions:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         positions = _positions
-        rt.gradient_collective_hooks.append(positions.gradient_collective)
+        rt.next_minibatch_hooks.append(positions.next_minibatch)
         handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: positions.before_optimizer_step())
         # First of the global pre-step hooks: the state must be stashed before anything in the step can fail.
         hooks = handle.hooks_dict_ref()

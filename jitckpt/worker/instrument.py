@@ -279,7 +279,7 @@ def _patch_ddp(runtime: JitRuntime) -> None:
     # (string) annotations would fail: the hooks' signatures stay unannotated.
     def jit_allreduce_hook(state, bucket):  # type: ignore[no-untyped-def]
         """DDP's default gradient all-reduce (average by world size), tracked by the watchdog."""
-        runtime.gradient_collective_entry("ddp-allreduce")
+        runtime.collective_entry("ddp-allreduce")
         group = state if state is not None else dist.group.WORLD
         tensor = bucket.buffer()
         # DDP's reducer scales by the reciprocal (mul by 1/world size); do exactly the
@@ -298,7 +298,7 @@ def _patch_ddp(runtime: JitRuntime) -> None:
 
         @functools.wraps(hook)
         def tracked(state, bucket):  # type: ignore[no-untyped-def]
-            runtime.gradient_collective_entry("ddp-comm-hook")
+            runtime.collective_entry("ddp-comm-hook")
             what = f"DDP comm hook {getattr(hook, '__qualname__', hook)} (bucket {bucket.index()})"
             # Only the hook's future is seen here: on NCCL it completes at enqueue, and this
             # entry with it.  The collectives the hook issues through torch.distributed

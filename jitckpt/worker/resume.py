@@ -7,9 +7,9 @@ the RNG state is this rank's own, found in whichever replica's checkpoint
 carried the host stash that held it.
 
 A resume that jitckpt knows cannot repeat the fault-free run (a rank's own
-per-rank state is nowhere to be found) goes through ``inexact_resume``: it
-stops the job with the reason (DESIGN decision 15), unless the user asked to
-go on with ``jit-run --allow-inexact-resume``.
+per-rank state, its RNG or its data loaders', is nowhere to be found) goes
+through ``inexact_resume``: it stops the job with the reason (DESIGN decision
+15), unless the user asked to go on with ``jit-run --allow-inexact-resume``.
 """
 
 from __future__ import annotations
@@ -79,13 +79,9 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
                 f"metadata: check who can write to {rt.checkpoint_root}"
             ) from None
     else:
-        log(
-            f"no RNG state for rank {rt.rank} at minibatch {info.step} in any replica "
-            f"(its host was lost?); the redone minibatch will draw different random numbers"
-        )
+        _no_rng_state(rt, info)
     if payload is not None:
-        if rt.stash is not None:
-            rt.stash.put(rt.step, payload)  # what minibatch rt.step starts with, should this attempt fail too
+        rt.stash_rng(rt.step, payload)  # what minibatch rt.step starts with, should this attempt fail too
         rt.defer_rng_restore(payload)
     else:
         rt.stash_rng(rt.step)
@@ -101,6 +97,28 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
         rt.own_state[stash.LOADER] = loader_state  # jitckpt.adapters.torchdata_loader hands it to the loaders
     eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path),
                     rng_restored=payload is not None, loader_state=loader_state is not None)
+
+
+def _no_rng_state(rt: "JitRuntime", info: CheckpointInfo) -> None:
+    """This rank's own RNG state for the resumed minibatch is nowhere: stop the job (DESIGN decision 15), or say so.
+
+    It should exist wherever this job stashes (``rt.stash``): every rank
+    records the state each minibatch starts with, and the checkpoint's savers
+    copy those of every rank on their host.  So it was lost with the rank's
+    host, or never recorded: the redone minibatch would draw other dropout
+    masks and augmentation than the fault-free run.  Two cases only warn:
+    a worker that stashes nothing (no host stash directory: not started by
+    jit-run), and a checkpoint of another world size (the user allowed the
+    change, and ranks beyond the old world size never had a state).
+    """
+    saved_world = info.meta.get("world_size")
+    what = (f"no RNG state for rank {rt.rank} at minibatch {info.step} in its host's stash or in any replica's "
+            f"checkpoint (its host was lost?)")
+    if rt.stash is None or (saved_world is not None and int(saved_world) != rt.world_size):
+        log(f"{what}; the redone minibatch will draw different random numbers")
+        return
+    inexact_resume(rt, f"{what}: the redone minibatch would draw different random numbers (dropout masks, "
+                       f"augmentation, noise) than the fault-free run")
 
 
 def inexact_allowed() -> bool:

@@ -65,10 +65,10 @@ class JitRuntime:
         self._rank_stashes: dict[str, stash.StepStash] = {}
         # After a resume: this rank's own stashed state of other kinds (stash.LOADER) for the resumed step.
         self.own_state: dict[str, bytes] = {}
-        # Called at every gradient collective the training thread issues, once the RNG state of
-        # step+1 is stashed: per-rank state of other kinds (the data loaders' positions,
-        # jitckpt.adapters.torchdata_loader) is stashed for step+1 there too.
-        self.gradient_collective_hooks: list[Callable[[], None]] = []
+        # Called wherever what minibatch step+1 starts with is stashed (every collective, and
+        # stash_next_minibatch's other callers), after the RNG state: per-rank state of other
+        # kinds (the data loaders' positions, jitckpt.adapters.torchdata_loader) is stashed there too.
+        self.next_minibatch_hooks: list[Callable[[], None]] = []
 
         self.save_fn: SaveFunction | None = None
         self.buffer_snapshots = module_buffers.BufferSnapshots()
@@ -79,7 +79,7 @@ class JitRuntime:
         self.optimizer_phase = minibatch.OptimizerPhase(sharding.optimizers)
         self._blocked_at: tuple[tuple[int, object, int], float] | None = None  # main_thread_in_collective
         self._forward_park_hook: Any = None
-        self._next_rng_stashed: int | None = None  # step+1 once its RNG state is stashed at a gradient collective
+        self._rng_stashed: tuple[int, bytes] | None = None  # (step, payload) of the last RNG state stashed
         # After a resume: this rank's RNG state for the redone minibatch, put back when that minibatch starts.
         self.pending_rng: bytes | None = None
         self._rng_restored_at_fetch = False  # a DataLoader fetch put pending_rng back (batch_fetch_starts)
@@ -186,10 +186,9 @@ class JitRuntime:
             # Stash the RNG state minibatch step+1 starts with now, before this step:
             # if this rank dies inside it, the replicas save step+1 (optimizers
             # and schedulers draw no random numbers, so this is that state).  Every
-            # optimizer of the minibatch stashes again: a GAN's generator draws its
-            # noise after the discriminator's step.
-            self.stash_rng(self.step + 1)
-            self._next_rng_stashed = None  # the next backward's gradient collective stashes again
+            # optimizer of the minibatch stashes again if the state moved: a GAN's
+            # generator draws its noise after the discriminator's step.
+            self.stash_next_rng()
         if opening:
             self.injector.maybe_fire("optimizer", self.step)
 
@@ -224,10 +223,35 @@ class JitRuntime:
         """False while the optimizer phase has applied part of this minibatch's update (such a state is never saved)."""
         return not self.optimizer_phase.changed()
 
-    def stash_rng(self, step: int) -> None:
-        """Record the RNG state minibatch ``step`` starts with in this host's shared-memory stash."""
+    def stash_rng(self, step: int, payload: bytes | None = None) -> None:
+        """Record the RNG state minibatch ``step`` starts with (``payload``, or the current one) in this host's stash."""
         if self.stash is not None:
-            self.stash.put(step, rng_state.capture())
+            payload = rng_state.capture() if payload is None else payload
+            self.stash.put(step, payload)
+            self._rng_stashed = (step, payload)
+
+    def stash_next_rng(self) -> None:
+        """Record the current RNG state as the one minibatch step+1 starts with, if it moved since the last record.
+
+        Called at every collective, at every optimizer pre-step, and after a
+        data-loader fetch that follows them: each record replaces the one
+        before, so the stash holds the state after the last random draw of
+        minibatch ``step`` that one of them saw.  Comparing the captured bytes
+        (~20 us here) finds any draw, wherever it came from (a forward pass, a
+        second micro-batch, a second model, the script's own noise, a batch
+        augmented in this process); an unchanged state is not written again.
+        """
+        if self.stash is None:
+            return
+        step, payload = self.step + 1, rng_state.capture()
+        if self._rng_stashed != (step, payload):
+            self.stash_rng(step, payload)
+
+    def stash_next_minibatch(self) -> None:
+        """Record what minibatch step+1 starts with, as it stands now: the RNG state, then the hooks' state (loaders)."""
+        self.stash_next_rng()
+        for hook in self.next_minibatch_hooks:
+            hook()
 
     def stash_rank_state(self, kind: str, step: int, payload: bytes) -> None:
         """Record this rank's own state of ``kind`` (``jitckpt.worker.stash``) that minibatch ``step`` starts with."""
@@ -242,31 +266,27 @@ class JitRuntime:
 
     # ----- collectives ----------------------------------------------------------------
 
-    def gradient_collective_entry(self, what: str) -> None:
-        """The training thread issues a gradient collective of the current minibatch (DDP's all-reduce).
-
-        The forward passes of this minibatch are over (with gradient
-        accumulation too: DDP all-reduces during the last micro-batch's
-        backward), so the RNG state minibatch step+1 starts with is final
-        unless the script draws random numbers between backward() and
-        optimizer.step().  Stash it now, once per backward: a rank that dies
-        before its optimizer pre-step hook (in gradient clipping, logging, a
-        GradScaler, a wrapper around ``optimizer.step``) is resumed by its
-        replicas at step+1 with this state; ``gradient_collective_hooks`` stash
-        its other per-rank state for step+1 here too, at every such collective.
-        Every optimizer pre-step re-arms this, so a GAN's generator backward
-        (after the discriminator's step) and a closure's backward (inside
-        ``optimizer.step(closure)``) stash again, after their forward passes.
-        """
-        self.collective_entry(what)
-        if self._next_rng_stashed != self.step + 1:
-            self._next_rng_stashed = self.step + 1
-            self.stash_rng(self.step + 1)
-        for hook in self.gradient_collective_hooks:
-            hook()
-
     def collective_entry(self, what: str) -> None:
-        """A collective is about to be issued by the training thread: a safe point."""
+        """A collective is about to be issued (by the training thread, or DDP's hook for it): a safe point.
+
+        It is also where the state minibatch step+1 starts with is stashed
+        (``stash_next_minibatch``), whoever issues the collective: DDP's
+        all-reduce, or a script that all-reduces its own gradients.  If the
+        replicas save step+1, this rank took part in every collective of
+        this minibatch, so the stash holds its state at the last one: after
+        the minibatch's forward passes (every micro-batch's, with gradient
+        accumulation with or without ``no_sync``; every model's).  A rank
+        that dies after it, before its optimizer pre-step hook (gradient
+        clipping, logging, a GradScaler, a wrapper around
+        ``optimizer.step``), is resumed by its replicas at step+1 with it.
+        Random numbers the script draws itself between its last collective
+        and ``optimizer.step()`` are in it only if the rank reaches torch's
+        step hooks (a batch fetched there is: the data-loader adapter stashes
+        again after it).  An earlier collective of the minibatch (a broadcast
+        before the forward) stashes an older state, which a later one
+        replaces; the state at the start of minibatch ``step`` itself is
+        never touched.
+        """
         if self.pending_rng is not None:
             self.minibatch_starts()
         self.optimizer_phase.collective_issued()
@@ -274,6 +294,7 @@ class JitRuntime:
         self.training_started = True
         if self.phase != "optimizer":
             self.phase = "allreduce"
+        self.stash_next_minibatch()
         self.injector.maybe_fire("allreduce", self.step)
 
     def track(self, what: str, work: Any = None, gradient: bool = False) -> int:
