@@ -6,7 +6,9 @@ a shuffled DistributedSampler and per-rank seeds, with dropout.  It saves and
 loads ``loader.state_dict()`` itself.  A rank kills or freezes itself after
 fetching a batch (mid-epoch, at the first batch of an epoch), or dies inside
 its optimizer step (mid-epoch, or in an epoch's last minibatch, so that the
-replicas save the start of a new epoch); each run must end with the fault-free run's parameters.
+replicas save the start of a new epoch), after taking a batch between backward() and the step, or
+while a loader has an iterator that has not yielded yet; each run must end with the fault-free run's
+parameters.
 Without the torchdata adapter (jitckpt/adapters/torchdata_loader.py) each of
 these ends with wrong parameters while reporting success: the saved position
 is one batch ahead, a replacement rank gets its replica's seeds, and the
@@ -133,7 +135,7 @@ def test_a_rank_whose_own_loader_state_is_lost_stops_the_job_with_the_reason(tmp
     shutil.copytree(ckpt, kept)
 
     stopped = run_jit(ckpt, nproc=NPROC, max_restarts=2, script=SCRIPT, args=SIX_PER_EPOCH)
-    assert stopped.returncode != 0, stopped.output[-4000:]
+    assert stopped.returncode == 77, (stopped.returncode, stopped.output[-4000:])  # jit-run's status for a stop
     assert "final parameters sha256" not in stopped.output, stopped.output[-4000:]
     assert "[jitckpt rank 0] data loader #0: resuming with" not in stopped.output, stopped.output[-4000:]
     assert ("rank 0's own data-loader state (data loader #0) for minibatch 10 is in no checkpoint and no "
@@ -151,6 +153,55 @@ def test_a_rank_whose_own_loader_state_is_lost_stops_the_job_with_the_reason(tmp
     assert allowed.report is not None and allowed.report["outcome"] == "completed, not bit-exact", allowed.report
     assert any("rank 0" in why for why in allowed.report["not_bit_exact"]), allowed.report
     assert "completed, not bit-exact" in allowed.output, allowed.output[-3000:]
+
+
+@pytest.mark.parametrize("workers", ["2", "0"], ids=["worker-augmentation", "in-process-augmentation"])
+def test_a_batch_taken_after_backward_is_in_the_state_of_a_rank_killed_inside_its_optimizer_step(
+        tmp_path, loader_reference, workers):
+    """After backward() of minibatch 5 the script takes the loader's next batch to log a metric on it (a probe),
+    then rank 0 is SIGKILLed in a wrapper around ``optimizer.step``, before torch's step hooks; its replicas save
+    minibatch 6, which starts after the probe batch.  Before, rank 0's own state for minibatch 6 was the one
+    recorded at its all-reduce, before the probe: its replacement trained minibatch 6 on the probe batch (and,
+    with the batch augmented in the main process, drew from a state before its augmentation), and the job
+    reported success with other parameters."""
+    extra = ["--workers", workers, "--probe-at", "5"]
+    expected = _reference(loader_reference, extra)
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die-in-step", "0:5:wrapped"])
+    assert "rank 0: dying (kill) inside optimizer.step() of minibatch 5" in result.output, result.output[-4000:]
+    assert result.returncode == 0, result.output[-4000:]
+    assert "[jitckpt rank 0] data loader #0: resuming with rank 0's own position" in result.output, \
+        result.output[-4000:]
+    assert result.report["outcome"] == "completed", result.report
+    assert result.sha == expected, result.output[-4000:]
+
+
+def test_a_loader_whose_iterator_was_made_but_has_not_yielded_keeps_its_seeds(tmp_path, loader_reference):
+    """The two extra loaders (2 workers each) get their iterators at minibatch 2, where each draws its workers'
+    base seed from the rank's generator; ``late`` yields its first batch at minibatch 9.  Rank 1 dies in
+    minibatch 5.  Before, ``late`` was recorded as not started: every rank resumed it afresh, with a base seed
+    drawn again (from another generator state), and the job ended with other parameters."""
+    extra = ["--aux", "--prefetch-at", "2"]
+    expected = _reference(loader_reference, extra)
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", "1:5:kill"])
+    assert result.returncode == 0, result.output[-4000:]
+    assert "[jitckpt rank 1] data loader #2: resuming with rank 1's own position" in result.output, \
+        result.output[-4000:]
+    assert result.sha == expected, result.output[-4000:]
+
+
+def test_a_second_loaders_first_batch_does_not_move_the_rng_state_the_minibatch_starts_with(
+        tmp_path, loader_reference):
+    """In minibatch 7 the ``aux`` loader gives its batch after the main batch's forward pass (which drew its
+    dropout masks).  Rank 1 is killed in that minibatch's backward; every rank resumes minibatch 7.  Before, the
+    ``aux`` batch's fetch recorded the RNG state after the main forward as the one minibatch 7 starts with, on
+    every rank: the redone minibatch drew other dropout masks and the job ended with other parameters."""
+    expected = _reference(loader_reference, ["--aux"])
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=["--aux"],
+                     fault="rank=1,step=7,phase=backward,kind=kill")
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == 7, failure
+    assert result.sha == expected, result.output[-4000:]
 
 
 NOISE_SCRIPT = REPO / "tests" / "user_programs" / "noise_before_forward.py"

@@ -1,15 +1,20 @@
-"""Failures placed in the user's own code, outside every jitckpt hook, end bit-exact.
+"""Failures placed in the user's own code, outside every jitckpt hook, end bit-exact, or stop loudly.
 
 A rank that dies between the end of its backward and the start of
 ``optimizer.step()`` (gradient clipping, ``loss.item()``) never reaches the
 optimizer pre-step hook.  Its replicas finish minibatch i and save i+1, so the
 dead rank's own RNG state for i+1 must already have been captured: jitckpt
-does that when minibatch i's first gradient collective is issued (its forward
-passes are over by then).
+records it at every collective of minibatch i (the last one follows its
+forward passes), whether DDP issues it or the script all-reduces its own
+gradients, and with every micro-batch all-reducing.  A rank whose own RNG
+state is nowhere stops the job (DESIGN decision 15); a script that exits with
+jitckpt's own exit statuses is a failure like any other.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 
 import pytest
 
@@ -21,8 +26,8 @@ SCRIPT = REPO / "tests" / "user_programs" / "clip_and_die.py"
 ARGS = ["--steps", "16", "--accum", "2"]
 
 
-def _fault_free_sha(*extra: str) -> str:
-    return reference_sha(nproc=3, args=[*ARGS, *extra], script=SCRIPT)
+def _fault_free_sha(*extra: str, nproc: int = 3) -> str:
+    return reference_sha(nproc=nproc, args=[*ARGS, *extra], script=SCRIPT)
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +70,100 @@ def test_a_peer_frozen_before_an_object_collective_is_caught_by_the_hang_timeout
     assert any(d["how"] == "hang" for d in failure["detected_by"]), failure
     assert failure["resumed_from_minibatch"] == 6 and failure["minibatches_redone"] == 1, failure
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+def test_every_micro_batch_all_reducing_resumes_with_the_rng_state_after_the_last_forward(tmp_path):
+    """Gradient accumulation without ``no_sync()``: each of the 2 micro-batches all-reduces in its backward, and
+    the second draws its dropout masks after the first all-reduce.  Rank 0 dies between backward and step of
+    minibatch 5.  Before, its RNG state for minibatch 6 was recorded at the first all-reduce only: the redone
+    minibatch drew other masks and the job reported success with other parameters."""
+    extra = ["--grad-sync", "every"]
+    expected = _fault_free_sha(*extra, nproc=2)
+    result = run_jit(tmp_path / "ckpt", nproc=2, script=SCRIPT, args=[*ARGS, *extra, "--die", "0:5:kill"])
+    assert "rank 0: dying (kill) between backward and step of minibatch 5" in result.output, result.output[-4000:]
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == 6, failure
+    assert result.report["outcome"] == "completed", result.report
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+@pytest.mark.parametrize("die, resumed", [("2:5:kill", 6), ("1:9:stop", 10)], ids=["kill", "freeze"])
+def test_a_script_that_all_reduces_its_own_gradients_resumes_bit_exact(tmp_path, die, resumed):
+    """No DDP: after backward the script all-reduces every ``p.grad`` itself and divides by the world size, clips,
+    steps Adam and StepLR; dropout with per-rank seeds.  A rank dies (or freezes) after its all-reduces, just
+    before ``optimizer.step()``: its replicas save the next minibatch, whose RNG state the rank recorded at its
+    own all-reduces.  Before, no such state was recorded ("no RNG state for rank 2 at minibatch 6 in any
+    replica") and the job reported success with other parameters (issue 18, item 0)."""
+    extra = ["--grad-sync", "manual"]
+    expected = _fault_free_sha(*extra)
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=[*ARGS, *extra, "--die", die])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == resumed, failure
+    assert "no RNG state for rank" not in result.output, result.output[-4000:]
+    assert result.report["outcome"] == "completed", result.report
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+def _lose_rank_rng_state(step_dir, rank: int) -> None:
+    """What a lost host leaves: no copy of ``rank``'s own RNG state in any replica's checkpoint of the step."""
+    name = f"jitckpt-rng/rank-{rank:05d}.bin"
+    for replica in sorted(step_dir.glob("rank-*")):
+        meta_path = replica / "jitckpt-meta.json"
+        meta = json.loads(meta_path.read_text())
+        if name in meta["files"]:
+            del meta["files"][name]
+            (replica / name).unlink()
+            meta_path.write_text(json.dumps(meta))
+    assert not list(step_dir.glob(f"rank-*/{name}"))
+
+
+def test_a_rank_whose_own_rng_state_is_lost_stops_the_job_with_the_reason(tmp_path, clip_fault_free_sha):
+    """Rank 1's own RNG state for the resumed minibatch is in no checkpoint and no stash (its host lost): the job
+    stops at once with the reason and jit-run's exit status for a stopped job (77, not torchrun's 1), and spends
+    no restart on it.  Before, the rank said "the redone minibatch will draw different random numbers", went on,
+    and the job reported success with other parameters.  With --allow-inexact-resume it goes on, and the report
+    says "not bit-exact"."""
+    ckpt = tmp_path / "ckpt"
+    first = run_jit(ckpt, nproc=3, max_restarts=0, script=SCRIPT, args=[*ARGS, "--die", "1:6:kill"])
+    assert first.returncode != 0 and (ckpt / "step-00000007").is_dir(), first.output[-4000:]
+    _lose_rank_rng_state(ckpt / "step-00000007", 1)
+    kept = tmp_path / "ckpt-copy"
+    shutil.copytree(ckpt, kept)
+
+    stopped = run_jit(ckpt, nproc=3, max_restarts=2, script=SCRIPT, args=ARGS)
+    assert stopped.returncode == 77, (stopped.returncode, stopped.output[-4000:])
+    assert "final parameters sha256" not in stopped.output, stopped.output[-4000:]
+    assert "stopping the job: no RNG state for rank 1 at minibatch 7" in stopped.output, stopped.output[-4000:]
+    assert "--allow-inexact-resume" in stopped.output, stopped.output[-4000:]
+    report = stopped.report
+    assert report is not None and report["outcome"] == "stopped" and report["exit_code"] == 77, report
+    assert report["attempts"] == 1, report  # stopped at once: torchrun's restarts are not spent on it
+    assert any("rank 1" in why and "minibatch 7" in why for why in report["stopped_because"]), report
+
+    allowed = run_jit(kept, nproc=3, max_restarts=0, script=SCRIPT, args=ARGS, jit_options=["--allow-inexact-resume"])
+    assert allowed.returncode == 0, allowed.output[-4000:]
+    assert allowed.report is not None and allowed.report["outcome"] == "completed, not bit-exact", allowed.report
+    assert any("rank 1" in why for why in allowed.report["not_bit_exact"]), allowed.report
+    assert allowed.sha is not None and allowed.sha != clip_fault_free_sha, allowed.output[-4000:]
+
+
+@pytest.mark.parametrize("code", [77, 75])
+def test_a_script_exiting_with_jitckpts_own_status_is_a_failure_like_any_other(tmp_path, clip_fault_free_sha, code):
+    """Rank 1's script ends with ``sys.exit(77)`` (or 75) between backward and step of minibatch 6, in attempt 0:
+    its own status, not jitckpt's.  The job restarts, resumes and ends bit-exact, and the report names the exit.
+    Before, 77 read as a refused resume ("rank 1 refused to resume", no restart, a report saying "failed ... no
+    failures"), and 75 read as a JIT save, missing from what failed.  (A long hang timeout: rank 1's interpreter
+    takes a few seconds to end, and its replicas must see it exit, not take it for hung.)"""
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=[*ARGS, "--die", f"1:6:exit{code}"],
+                     hang_timeout=30)
+    assert f"rank 1: sys.exit({code}) between backward and step of minibatch 6" in result.output, result.output[-4000:]
+    assert "refused to resume" not in result.output, result.output[-4000:]
+    assert result.returncode == 0, result.output[-4000:]
+    report = result.report
+    assert report["outcome"] == "completed" and report["restarts"] == 1, report
+    (failure,) = report["failures"]
+    assert f"rank 1: exited with status {code}" in failure["what_failed"], failure
+    assert failure["resumed_from_minibatch"] == 7, failure
+    assert result.sha == clip_fault_free_sha, "parameters differ from the fault-free run\n" + result.output[-4000:]

@@ -5,7 +5,17 @@ seeds, gradient accumulation, jitckpt's two calls), but the loop is written
 out the way many scripts are: after backward it clips the gradients and logs
 ``loss.item()``, and only then steps the optimizer.  With ``--die RANK:STEP``
 that rank kills (``kill``) or freezes (``stop``) itself right there, in user
-code, in the first attempt only: outside every jitckpt hook.
+code, in the first attempt only: outside every jitckpt hook; or (``exitN``)
+ends its script there with ``sys.exit(N)``, a status of its own.
+
+How the gradients are reduced (``--grad-sync``):
+
+- ``no_sync`` (default): DDP, with ``no_sync()`` around every micro-batch but
+  the last, so only the last backward all-reduces;
+- ``every``: DDP without ``no_sync()``: every micro-batch's backward
+  all-reduces (each draws its dropout masks after the first all-reduce);
+- ``manual``: no DDP: the script all-reduces every ``p.grad`` itself after
+  the last backward and divides by the world size.
 """
 
 from __future__ import annotations
@@ -30,8 +40,12 @@ from train_mlp import use_jitckpt  # noqa: E402
 def main() -> None:
     p = argparse.ArgumentParser()
     add_job_args(p)
-    p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop between backward and step, "
-                                              "stop-before-broadcast: before the step's object broadcast), first attempt only")
+    p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop between backward and step, exitN: "
+                                              "sys.exit(N) there, stop-before-broadcast: before the step's object "
+                                              "broadcast), first attempt only")
+    p.add_argument("--grad-sync", choices=("no_sync", "every", "manual"), default="no_sync",
+                   help="no_sync: DDP all-reduces in the last micro-batch only; every: in every micro-batch; "
+                        "manual: no DDP, the script all-reduces p.grad itself")
     p.add_argument("--object-collective", action="store_true",
                    help="every step, rank 0 broadcasts the step number with dist.broadcast_object_list first")
     p.add_argument("--log-every", type=int, default=1000)
@@ -49,7 +63,8 @@ def main() -> None:
     if args.loader_before_loop:
         loader = torch.utils.data.DataLoader(list(range(16)), batch_size=4, shuffle=True)
         next(iter(loader))  # the iterator draws its base seed, the sampler its permutation
-    ddp = DDP(model)
+    world = dist.get_world_size()
+    ddp = model if args.grad_sync == "manual" else DDP(model)
     loss_fn = nn.MSELoss()
     for step in range(start, args.steps):
         progress["step"] = step
@@ -62,18 +77,25 @@ def main() -> None:
             assert box[0] == step, (box, step)
         for micro in range(args.accum):
             x, y = batch(args, step, micro, rank)
-            if micro < args.accum - 1:
+            if micro < args.accum - 1 and args.grad_sync == "no_sync":
                 with ddp.no_sync():
                     (loss_fn(ddp(x), y) / args.accum).backward()
             else:
                 loss = loss_fn(ddp(x), y) / args.accum
                 loss.backward()
+        if args.grad_sync == "manual":
+            for param in model.parameters():
+                dist.all_reduce(param.grad)
+                param.grad.div_(world)
         # ---- user code between backward() and step() ----
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=1.0)
         logged = loss.item()
         if attempt == 0 and rank == int(die_rank) and step == int(die_step) and how in ("kill", "stop"):
             print(f"rank {rank}: dying ({how}) between backward and step of minibatch {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        if attempt == 0 and rank == int(die_rank) and step == int(die_step) and how.startswith("exit"):
+            print(f"rank {rank}: sys.exit({how[4:]}) between backward and step of minibatch {step}", flush=True)
+            sys.exit(int(how[4:]))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()

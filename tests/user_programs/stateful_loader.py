@@ -17,7 +17,16 @@
   loaded the same way: ``aux`` (2 workers, augmented) gives a batch every
   4th minibatch from minibatch 3 on, ``late`` (no workers, augmented in this
   process) every 4th from minibatch 9 on, so a failure in between finds one
-  that has not moved since its last batch and one that has not started.
+  that has not moved since its last batch and one that has not started;
+- ``--prefetch-at K`` (with ``--aux``): the two extra loaders get 2 workers
+  each, and their iterators are made at minibatch K (their workers start
+  prefetching, each iterator draws its seeds from the rank's generator
+  there), not before training; an attempt that resumes past K makes them
+  before training, from the loaded states;
+- ``--probe-at K``: after backward() of minibatch K, before
+  ``optimizer.step()``, the script takes the loader's next batch to log a
+  metric on it (no gradient, dropout off), so minibatch K+1 trains on the
+  batch after it.
 
 Prints ``final parameters sha256 <hex>`` on rank 0.
 """
@@ -68,6 +77,8 @@ def main() -> None:
     p.add_argument("--die", default="")
     p.add_argument("--die-in-step", default="")
     p.add_argument("--aux", action="store_true")
+    p.add_argument("--prefetch-at", type=int, default=-1)
+    p.add_argument("--probe-at", type=int, default=-1)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -107,6 +118,7 @@ def main() -> None:
     extra: dict[str, tuple[StatefulDataLoader, int]] = {}  # name -> (loader, first minibatch it is used in)
     if args.aux:
         for name, workers, first in (("aux", 2, 3), ("late", 0, 9)):
+            workers = 2 if args.prefetch_at >= 0 else workers
             extra_set = NoisySines(args.samples)
             extra_sampler = DistributedSampler(extra_set, shuffle=True, seed=args.seed + first)
             extra[name] = (StatefulDataLoader(extra_set, batch_size=4, sampler=extra_sampler, num_workers=workers), first)
@@ -141,20 +153,34 @@ def main() -> None:
         if rank == 0:
             print(f"resumed at epoch {progress['epoch']} step {progress['step']}", flush=True)
 
-    for name, (extra_loader, _) in extra.items():
-        extra_iters[name] = iter(extra_loader)  # made before training, in every attempt (each draws a seed)
+    def make_extra_iters() -> None:
+        for name, (extra_loader, _) in extra.items():
+            extra_iters[name] = iter(extra_loader)  # each draws its seeds from the rank's generator
+
+    if args.prefetch_at < 0 or progress["step"] > args.prefetch_at:
+        make_extra_iters()  # before training, in every attempt
     ddp = DDP(model)
     loss_fn = nn.MSELoss()
     while progress["epoch"] < args.epochs:
         sampler.set_epoch(progress["epoch"])
-        for x, y in loader:
+        batches = iter(loader)
+        for x, y in batches:
             if attempt == 0 and rank == int(die_rank) and progress["step"] == int(die_step):
                 print(f"rank {rank}: dying ({how}) in minibatch {progress['step']}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+            if progress["step"] == args.prefetch_at:
+                make_extra_iters()  # the workers start prefetching ahead of the loaders' first batches
             loss = loss_fn(ddp(x), y)
             for xa, ya in extra_batches(progress["step"]):
                 loss = loss + 0.5 * loss_fn(ddp(xa), ya)
             loss.backward()
+            if progress["step"] == args.probe_at:
+                xp, yp = next(batches)  # a probe batch: a metric logged on it, nothing learnt from it
+                model.eval()
+                with torch.no_grad():
+                    probe = loss_fn(model(xp), yp).item()
+                model.train()
+                print(f"rank {rank}: probe loss {probe:.5f} at minibatch {progress['step']}", flush=True)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             progress["step"] += 1
