@@ -106,10 +106,10 @@ def test_loaders_that_had_not_moved_or_not_started_resume_with_the_ranks_own_sta
     assert result.sha == expected, result.output[-4000:]
 
 
-def _lose_rank_loader_state(step_dir, rank: int) -> None:
-    """What a lost host leaves: no copy of ``rank``'s own loader state in any replica's checkpoint of the step
-    (each copy's file and metadata entry removed)."""
-    name = f"jitckpt-loader/rank-{rank:05d}.bin"
+def lose_rank_state(step_dir, folder: str, rank: int) -> None:
+    """What a lost host leaves: no copy of ``rank``'s own state of one kind (``folder``: ``jitckpt-loader``,
+    ``jitckpt-rng``) in any replica's checkpoint of the step (each copy's file and metadata entry removed)."""
+    name = f"{folder}/rank-{rank:05d}.bin"
     for replica in sorted(step_dir.glob("rank-*")):
         meta_path = replica / "jitckpt-meta.json"
         meta = json.loads(meta_path.read_text())
@@ -130,7 +130,7 @@ def test_a_rank_whose_own_loader_state_is_lost_stops_the_job_with_the_reason(tmp
     first = run_jit(ckpt, nproc=NPROC, max_restarts=0, script=SCRIPT, args=args)
     assert first.returncode != 0 and (ckpt / "step-00000010").is_dir(), first.output[-4000:]
     assert not (ckpt / "step-00000010" / "rank-00000").exists()  # rank 0 died: only its replicas saved
-    _lose_rank_loader_state(ckpt / "step-00000010", 0)
+    lose_rank_state(ckpt / "step-00000010", "jitckpt-loader", 0)
     kept = tmp_path / "ckpt-copy"
     shutil.copytree(ckpt, kept)
 

@@ -13,12 +13,12 @@ jitckpt's own exit statuses is a failure like any other.
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
 
 from conftest import REPO, reference_sha, run_jit
+from test_data_loading import lose_rank_state
 
 pytestmark = pytest.mark.slow
 
@@ -106,19 +106,6 @@ def test_a_script_that_all_reduces_its_own_gradients_resumes_bit_exact(tmp_path,
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
 
 
-def _lose_rank_rng_state(step_dir, rank: int) -> None:
-    """What a lost host leaves: no copy of ``rank``'s own RNG state in any replica's checkpoint of the step."""
-    name = f"jitckpt-rng/rank-{rank:05d}.bin"
-    for replica in sorted(step_dir.glob("rank-*")):
-        meta_path = replica / "jitckpt-meta.json"
-        meta = json.loads(meta_path.read_text())
-        if name in meta["files"]:
-            del meta["files"][name]
-            (replica / name).unlink()
-            meta_path.write_text(json.dumps(meta))
-    assert not list(step_dir.glob(f"rank-*/{name}"))
-
-
 def test_a_rank_whose_own_rng_state_is_lost_stops_the_job_with_the_reason(tmp_path, clip_fault_free_sha):
     """Rank 1's own RNG state for the resumed minibatch is in no checkpoint and no stash (its host lost): the job
     stops at once with the reason and jit-run's exit status for a stopped job (77, not torchrun's 1), and spends
@@ -128,7 +115,7 @@ def test_a_rank_whose_own_rng_state_is_lost_stops_the_job_with_the_reason(tmp_pa
     ckpt = tmp_path / "ckpt"
     first = run_jit(ckpt, nproc=3, max_restarts=0, script=SCRIPT, args=[*ARGS, "--die", "1:6:kill"])
     assert first.returncode != 0 and (ckpt / "step-00000007").is_dir(), first.output[-4000:]
-    _lose_rank_rng_state(ckpt / "step-00000007", 1)
+    lose_rank_state(ckpt / "step-00000007", "jitckpt-rng", 1)
     kept = tmp_path / "ckpt-copy"
     shutil.copytree(ckpt, kept)
 
