@@ -16,7 +16,7 @@ if ! "$PY" -c 'import nvidia.nccl' 2>/dev/null; then
     say "installing nvidia-nccl-cu13 (nccl.h and libnccl.so.2 for the CPU device emulator)"
     "$PY" -m pip install --quiet --disable-pip-version-check nvidia-nccl-cu13
 fi
-if ! "$PY" -c 'import jitckpt, pytest, elftools, matplotlib, cffi, xxhash, transformers, lightning, pytorch_lightning' 2>/dev/null || ! command -v jit-run >/dev/null; then
+if ! "$PY" -c 'import jitckpt, pytest, xdist, pytest_timeout, elftools, matplotlib, cffi, xxhash, transformers, lightning, pytorch_lightning' 2>/dev/null || ! command -v jit-run >/dev/null; then
     say "installing jitckpt (editable, with test, plot and frameworks extras); this also builds the native parts"
     # An isolated build, as any install: it uses the toolkit's CUDA headers and the nccl.h of the
     # nvidia-nccl-cu13 installed above, and fetches header wheels only for what is missing (native_build.py)

@@ -1,7 +1,62 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it.  Extra arguments go to pytest
 # (e.g. `scripts/test.sh -k recovery`, or `-m soak` for the long soak runs).
+#
+# Two passes (tests/conftest.py, "running the suite in parallel"):
+#   1. every test not marked `serial`, on $JITCKPT_TEST_WORKERS pytest-xdist
+#      workers (default 3: on two cores most tests wait on processes, timeouts
+#      and sleeps more than they compute);
+#   2. the `serial` tests (they time things or need the machine to themselves),
+#      alone, one at a time.
+# Both passes share one directory for what is computed once per run (the
+# fault-free reference runs).  Every test has a timeout (pyproject.toml), so a
+# hang fails that test, not the run.  At the end: the 20 slowest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m pytest -ra "$@"
+PY=${PYTHON:-python3}
+WORKERS=${JITCKPT_TEST_WORKERS:-3}
+
+# The run's shared directory (a short path: the workers' tmp_path is under it, and some
+# tests place Unix sockets there); kept when a test failed, for the post-mortem.
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/jt-XXXXXXXX")
+export JITCKPT_TEST_SHARED=$run_dir
+
+started=$SECONDS
+status=0
+# exit status 5: nothing selected in this pass (e.g. -k that matches only serial tests)
+"$PY" -m pytest -ra -n "$WORKERS" --dist loadgroup --serial-tests=exclude --basetemp="$run_dir/tmp" \
+    --junitxml="$run_dir/parallel.xml" "$@" || status=$?
+[ "$status" -eq 5 ] && status=0
+serial_status=0
+"$PY" -m pytest -ra -n 0 --serial-tests=only --junitxml="$run_dir/serial.xml" "$@" || serial_status=$?
+[ "$serial_status" -eq 5 ] && serial_status=0
+[ "$status" -eq 0 ] && status=$serial_status
+
+"$PY" - "$run_dir"/parallel.xml "$run_dir"/serial.xml <<'EOF'
+"""The 20 slowest tests of both passes (setup, call and teardown together), from pytest's JUnit XML."""
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+cases = []
+for report in map(Path, sys.argv[1:]):
+    if report.exists():
+        for case in ET.parse(report).iter("testcase"):
+            module, _, cls = case.get("classname", "").partition(".Test")
+            where = module.replace(".", "/") + ".py" + (f"::Test{cls}" if cls else "")
+            name = re.sub(r"@[^\]]*$", "", case.get("name", ""))  # without xdist's @group suffix
+            cases.append((float(case.get("time", 0)), f"{where}::{name}"))
+cases.sort(reverse=True)
+print(f"\n==== the 20 slowest of {len(cases)} tests (seconds, setup + call + teardown) ====")
+for seconds, name in cases[:20]:
+    print(f"{seconds:8.1f}  {name}")
+EOF
+echo "tests: $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s, exit status $status"
+if [ "$status" -eq 0 ]; then
+    rm -rf "$run_dir"
+else
+    echo "the parallel pass's temporary files are kept in $run_dir/tmp"
+fi
+exit "$status"

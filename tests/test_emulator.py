@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_build_lock
 from native_toolchain import CUDA_HOME, EMULATOR, EMULATOR_ENV, NCCL_WHEEL, REAL_CUDART, REQUIRES_CUDA_TOOLCHAIN, build_emulator
 
 BUILD = EMULATOR / "build"
@@ -89,6 +90,7 @@ def _programs_key(jobs: dict) -> str:
 
 
 @pytest.fixture(scope="session")
+@with_build_lock  # one worker compiles, the others reuse (tests/conftest.py)
 def programs(emulator: Path) -> dict[str, Path]:
     """Compiles the test programs (two nvcc at a time: the machine has 2 cores).
 
@@ -488,6 +490,7 @@ def test_malformed_fault_spec_stops_the_program_with_the_syntax(programs, spec, 
 # ---- NCCL -------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # counts every /dev/shm/jitckpt-nccl-* segment, also those of other tests' jobs
 @pytest.mark.parametrize("world,chunk", [(1, None), (2, None), (3, None), (4, "4096")])
 def test_nccl_collectives_and_grouped_send_recv_match_host_reference(programs, tmp_path, world, chunk):
     before = shm_segments()
@@ -557,6 +560,7 @@ def test_nccl_comm_init_all_in_one_process_over_two_devices(programs):
     ok(run(programs["nccl_ranks"], "initall", env={"JITCKPT_SIMDEV_DEVICES": "2"}), "OK initall")
 
 
+@pytest.mark.serial  # counts every /dev/shm/jitckpt-nccl-* segment, also those of other tests' jobs
 def test_nccl_init_times_out_when_a_rank_never_joins(programs, tmp_path):
     before = shm_segments()
     (proc,) = run_ranks(

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_build_lock
 from native_toolchain import (CUDA_HOME, EMULATOR_BUILD, EMULATOR_ENV, NCCL_WHEEL, REAL_CUDART, REQUIRES_CUDA_TOOLCHAIN,
                               ROOT, build_emulator)
 
@@ -102,6 +103,7 @@ def _nvcc(out: Path, source: str, *flags: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+@with_build_lock  # one worker compiles, the others reuse (tests/conftest.py)
 def programs(library: Path) -> dict[str, Path]:
     """passthrough.cu built twice (default stream, per-thread default stream), cached by source hash."""
     jobs = {"passthrough": ("passthrough.cu", ()),

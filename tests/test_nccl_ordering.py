@@ -128,6 +128,7 @@ def _run_backend_program(tmp_path, scenario: str) -> list[subprocess.CompletedPr
     return results
 
 
+@pytest.mark.serial  # times wait() (< 0.5 s) and the consumer (> 1.5 s): alone, not beside other jobs
 def test_backend_wait_returns_at_enqueue_and_the_consumer_blocks(tmp_path):
     results = _run_backend_program(tmp_path, "ordering")
     for rank, result in enumerate(results):

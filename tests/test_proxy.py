@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_build_lock
 from native_toolchain import CUDA_HOME, EMULATOR_ENV, NCCL_WHEEL, REQUIRES_CUDA_TOOLCHAIN, ROOT
 from test_emulator import emulator, programs  # noqa: F401  (fixtures)
 
@@ -54,6 +55,7 @@ def proxy(emulator) -> Path:  # noqa: F811
 
 
 @pytest.fixture(scope="session")
+@with_build_lock  # one worker compiles, the others reuse (tests/conftest.py)
 def twins(proxy) -> dict[str, Path]:
     """Each test program's source built again as a shared library: its host twins, for the proxy."""
     out = {}

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_build_lock
 from native_toolchain import CUDA_HOME, REQUIRES_CUDA_TOOLCHAIN
 from test_emulator import emulator, programs  # noqa: F401  (fixtures)
 from test_proxy import EMULATOR_BUILD, PROXY, direct, env, proxy, remote, show, twins  # noqa: F401
@@ -159,6 +160,7 @@ PASSTHROUGH_SRC = Path(__file__).resolve().parent / "interpose_programs" / "pass
 
 
 @pytest.fixture(scope="module")
+@with_build_lock  # one worker compiles, the others reuse (tests/conftest.py)
 def passthrough(proxy) -> dict[str, Path]:  # noqa: F811
     """tests/interpose_programs/passthrough.cu (cudaLaunchKernelExC, event records with flags, 2D copies,
     an all-reduce per round), built default and per-thread, and as twins for the proxy; cached by source."""

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import with_build_lock
 from native_toolchain import REQUIRES_CUDA_TOOLCHAIN, ROOT
 from test_emulator import emulator, programs  # noqa: F401  (fixtures)
 from test_proxy import EMULATOR_BUILD, PROXY, REMOTE_LIB, env, proxy, show  # noqa: F401
@@ -40,6 +41,7 @@ VA_BASE = 16 << 40             # JITCKPT_PROXY_VA_DEFAULT_BASE (LOCAL_RANK 0)
 
 
 @pytest.fixture(scope="session")
+@with_build_lock  # one worker compiles, the others reuse (tests/conftest.py)
 def restart_program(proxy) -> tuple[Path, Path]:  # noqa: F811
     """tests/proxy_programs/restart.cu, and the same source as a library of host twins for the proxy."""
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]

@@ -120,6 +120,7 @@ def test_a_save_longer_than_30s_is_committed_within_the_save_grace(tmp_path, scr
     assert any(f"rank {FAULT_RANK}: killed by signal 9" in w for w in failure["what_failed"]), failure
 
 
+@pytest.mark.serial  # times the restart (< 15 s): alone, not beside other jobs
 def test_a_frozen_worker_does_not_hold_the_restart(tmp_path, script, fault_free_sha):
     """A rank SIGSTOPs itself in forward; once the others have saved it is killed at once, not after 30 s."""
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=script, jit_options=["--save-grace", "60"],

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import run_jit, reference_sha
 
-pytestmark = pytest.mark.soak
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(2400)]  # the job alone may take 1200 s
 
 STEPS = 120
 FAILURES = 6
