@@ -286,6 +286,8 @@ _EXIT_STATUS = pytest.StashKey[int]()
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's tmp_path factory reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):  # the groups below are then only labels
+        config.addinivalue_line("markers", "xdist_group(name): tests that pytest-xdist runs on one worker")
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller's directory and basetemp are in its environment and options
     if not os.environ.get(SHARED_ENV):  # not under scripts/test.sh: this session's own directory

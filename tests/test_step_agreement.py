@@ -240,6 +240,7 @@ def test_a_rank_that_cannot_load_the_agreed_step_stops_every_rank_with_the_cause
                                                                        (2, OLDER, True)], events
 
 
+@pytest.mark.serial  # the ranks that do start must all publish within the 2 s: alone, not beside other jobs
 @pytest.mark.parametrize("absent", [2, 0], ids=["a-follower", "rank-0-the-leader"])
 def test_a_peer_that_never_publishes_is_named_after_the_timeout(tmp_path, absent):
     """One rank never starts: the others stop after JITCKPT_AGREEMENT_TIMEOUT with an error naming it."""
