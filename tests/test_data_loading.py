@@ -91,18 +91,18 @@ def test_a_rank_killed_inside_its_optimizer_step_in_the_second_epoch_resumes_wit
     assert result.sha == expected, result.output[-4000:]
 
 
-def test_loaders_that_had_not_moved_or_not_started_resume_with_the_ranks_own_state(tmp_path, loader_reference):
-    """Two more loaders mixed into the loss: ``aux`` last gave a batch at minibatch 3, ``late`` gives its first at
-    minibatch 9.  Rank 1 dies in minibatch 5: its replacement needs its own state of both, which no fetch in
-    minibatch 5 recorded.  Before, the stash held only the loaders that fetched in the minibatch: the
-    replacement took its replica's ``aux`` and ``late`` states and the job ended with other parameters."""
+def test_loaders_that_had_not_moved_or_not_yielded_resume_with_the_ranks_own_state(tmp_path, loader_reference):
+    """Two more loaders mixed into the loss, their iterators made before training: ``aux`` last gave a batch at
+    minibatch 3, ``late`` gives its first at minibatch 9.  Rank 1 dies in minibatch 5: its replacement needs its
+    own state of both, which no fetch in minibatch 5 recorded.  Before, the stash held only the loaders that
+    fetched in the minibatch: the replacement took its replica's ``aux`` and ``late`` states and the job ended
+    with other parameters."""
     expected = _reference(loader_reference, ["--aux"])
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=["--aux", "--die", "1:5:kill"])
     assert result.returncode == 0, result.output[-4000:]
-    assert "[jitckpt rank 1] data loader #1: resuming with rank 1's own position" in result.output, \
-        result.output[-4000:]
-    assert "[jitckpt rank 1] data loader #2: rank 1's loader had not yielded a batch by minibatch 5" in result.output, \
-        result.output[-4000:]
+    for loader in (1, 2):
+        assert f"[jitckpt rank 1] data loader #{loader}: resuming with rank 1's own position" in result.output, \
+            result.output[-4000:]
     assert result.sha == expected, result.output[-4000:]
 
 
@@ -175,17 +175,25 @@ def test_a_batch_taken_after_backward_is_in_the_state_of_a_rank_killed_inside_it
     assert result.sha == expected, result.output[-4000:]
 
 
-def test_a_loader_whose_iterator_was_made_but_has_not_yielded_keeps_its_seeds(tmp_path, loader_reference):
-    """The two extra loaders (2 workers each) get their iterators at minibatch 2, where each draws its workers'
+@pytest.mark.parametrize("die, late_resumes", [
+    ("1:5:kill", "resuming with rank 1's own position"),
+    ("1:3:stop", "rank 1's loader had not started by minibatch 3 (no iterator yet); it starts afresh, as it did"),
+], ids=["iterator-made", "no-iterator-yet"])
+def test_a_loader_whose_iterator_was_made_but_has_not_yielded_keeps_its_seeds(tmp_path, loader_reference, die,
+                                                                               late_resumes):
+    """The two extra loaders (2 workers each) get their iterators at minibatch 3, where each draws its workers'
     base seed from the rank's generator; ``late`` yields its first batch at minibatch 9.  Rank 1 dies in
-    minibatch 5.  Before, ``late`` was recorded as not started: every rank resumed it afresh, with a base seed
-    drawn again (from another generator state), and the job ended with other parameters."""
-    extra = ["--aux", "--prefetch-at", "2"]
+    minibatch 5: every rank resumes ``late`` from its iterator's state, seeds included.  Before, ``late`` was
+    recorded as not started: every rank resumed it afresh, with a base seed drawn again (from another generator
+    state), and the job ended with other parameters.  Frozen at the start of minibatch 3, before the iterators
+    exist, both start afresh and make them in minibatch 3 as the fault-free run did.  (Frozen, not killed: a
+    kill there makes torchrun SIGTERM the other ranks while they start their new iterators' workers, whose
+    deaths torch's DataLoader turns into an error in the training thread before the JIT save is done.)"""
+    extra = ["--aux", "--prefetch-at", "3"]
     expected = _reference(loader_reference, extra)
-    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", "1:5:kill"])
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", die])
     assert result.returncode == 0, result.output[-4000:]
-    assert "[jitckpt rank 1] data loader #2: resuming with rank 1's own position" in result.output, \
-        result.output[-4000:]
+    assert f"[jitckpt rank 1] data loader #2: {late_resumes}" in result.output, result.output[-4000:]
     assert result.sha == expected, result.output[-4000:]
 
 

@@ -406,8 +406,8 @@ def _attach_main_process(loader_cls: type, iterator_cls: type) -> None:
             positions.loaded(self, EPOCH_END)
             return original_load(self, {})
         if found and _is_marker(own, NOT_STARTED):
-            log(f"data loader #{number}: rank {rt.rank}'s loader had not yielded a batch by minibatch {step}; "
-                f"it starts afresh, as it did")
+            log(f"data loader #{number}: rank {rt.rank}'s loader had not started by minibatch {step} (no iterator "
+                f"yet); it starts afresh, as it did")
             positions.loaded(self, NOT_STARTED)
             return original_load(self, {})
         if found:
