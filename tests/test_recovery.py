@@ -9,7 +9,7 @@ import pytest
 
 from conftest import reference_sha, run_jit
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.warm_restart]  # the central matrix runs as users run it
 
 # (kind, phase, step): each failure kind at several points of a minibatch.
 MATRIX = [

@@ -27,7 +27,7 @@ import pytest
 
 from conftest import EXAMPLE, JOB_TIMEOUT, REPO, TRAIN_ARGS, job_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.warm_restart]
 
 PROBE = textwrap.dedent(
     '''
