@@ -12,10 +12,12 @@ commits with metadata last, which records the rank's shard identity
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Iterator
 
 from jitckpt import config, eventlog
 from jitckpt.jit_event import JitReason
@@ -27,6 +29,7 @@ from jitckpt.worker.console import log
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
+
 class _SaveFlag(threading.local):
     active = False
 
@@ -37,6 +40,62 @@ _saving = _SaveFlag()
 def in_jit_save() -> bool:
     """True on the thread that is running the user's save function."""
     return _saving.active
+
+
+class _MinibatchStart:
+    """Where the training thread's CUDA stream reached the start of the current minibatch (a recorded event)."""
+
+    event: Any = None  # torch.cuda.Event, re-recorded at every minibatch start; None where CUDA never started
+    device: Any = None
+
+
+_start = _MinibatchStart()
+
+
+def note_minibatch_start() -> None:
+    """Training thread, after the optimizer step of the previous minibatch: record where its stream is now.
+
+    Everything enqueued before it (the previous minibatch's optimizer kernels)
+    writes the state that a JIT save of this minibatch saves; nothing of this
+    minibatch's collectives is.  A few microseconds per minibatch; nothing at
+    all where CUDA is not initialised.
+    """
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is None or not cuda.is_initialized():
+        return
+    if _start.event is None or _start.device != cuda.current_device():
+        _start.device = cuda.current_device()
+        _start.event = cuda.Event()
+    _start.event.record()
+
+
+@contextlib.contextmanager
+def off_the_blocked_stream() -> Iterator[None]:
+    """Run the user's save on a fresh CUDA stream that waits only for the start of the minibatch.
+
+    The save thread's current stream is the default stream, which on a CUDA 12
+    job (legacy default-stream semantics, no interposer redirecting it) waits
+    for the training stream, itself blocked behind the hung NCCL collective:
+    the save's device-to-host copies would never run.  A stream from torch's
+    pool does not synchronise with the default stream; it waits for the event
+    recorded at the start of the minibatch (``note_minibatch_start``), so it
+    reads the parameters as the previous optimizer step left them, and the
+    save synchronises only it.  Before the first minibatch ends there is no
+    event: the parameters were written by the model's construction or the
+    resume's load, both finished on the host's side.  Unverified on GPU.
+    """
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is None or not cuda.is_initialized():
+        yield
+        return
+    device = _start.device if _start.device is not None else cuda.current_device()
+    with cuda.device(device):
+        side = cuda.Stream()
+        if _start.event is not None:
+            side.wait_event(_start.event)
+        with cuda.stream(side):
+            yield
+        side.synchronize()
 
 
 def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
@@ -62,7 +121,8 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         buffers_rewound = rt.buffer_snapshots.rewind(step)
         _saving.active = True
         try:
-            rt.save_fn(str(pending.path))
+            with off_the_blocked_stream():
+                rt.save_fn(str(pending.path))
         finally:
             _saving.active = False
         rt.injector.maybe_fire("save", step)
