@@ -49,7 +49,7 @@ class JobResult:
         return found[-1] if found else None
 
 
-def run_plain(nproc: int = 4, args: list[str] | None = None, script: Path = EXAMPLE) -> JobResult:
+def run_plain(nproc: int = 3, args: list[str] | None = None, script: Path = EXAMPLE) -> JobResult:
     """A fault-free run under plain torchrun, without jit-run (jitckpt is a no-op there)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            str(script), *(TRAIN_ARGS if script == EXAMPLE else []), *(args or [])]
@@ -62,7 +62,7 @@ def run_plain(nproc: int = 4, args: list[str] | None = None, script: Path = EXAM
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def reference_sha(nproc: int = 4, args: list[str] | None = None, script: Path = EXAMPLE) -> str:
+def reference_sha(nproc: int = 3, args: list[str] | None = None, script: Path = EXAMPLE) -> str:
     """The final-parameter hash of a fault-free plain-torchrun run, the reference for bit-exactness.
 
     A run whose only defect is the known teardown abort, after rank 0 printed
@@ -88,7 +88,7 @@ def run_jit(
     ckpt_dir: Path,
     fault: str = "",
     max_restarts: int = 2,
-    nproc: int = 4,
+    nproc: int = 3,
     hang_timeout: float = 3.0,
     args: list[str] | None = None,
     jit_options: list[str] | None = None,

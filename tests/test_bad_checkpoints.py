@@ -22,7 +22,7 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path,
     first = run_jit(ckpt, fault=faults, max_restarts=1)
     assert first.returncode != 0 or first.report["restarts"] == 1  # ran out of restarts after the 2nd save
     newest = sorted((ckpt / "step-00000018").glob("rank-*"))
-    assert len(newest) == 3
+    assert len(newest) == 2  # ranks 0 and 2 (3 ranks, rank 1 failed)
     for replica in newest:  # corrupt every replica of the newest step
         state = replica / "state.pt"
         data = bytearray(state.read_bytes())
@@ -45,7 +45,7 @@ def test_wrong_world_size_is_a_clear_error_and_loses_nothing(tmp_path):
     before = tree_digest(ckpt / "step-00000006")
     wrong = run_jit(ckpt, nproc=2, max_restarts=0)
     assert wrong.returncode != 0
-    assert "written by a job of world size [4], but this job has world size 2" in wrong.output
+    assert "written by a job of world size [3], but this job has world size 2" in wrong.output
     assert tree_digest(ckpt / "step-00000006") == before
 
 
@@ -58,7 +58,7 @@ def test_planted_code_in_a_checkpoint_is_never_run(tmp_path):
     assert saved.returncode != 0 and (ckpt / "step-00000006").is_dir()
     marker = tmp_path / "planted-code-ran"
     planted = plant_code(ckpt / "step-00000006", "jitckpt-rng/", marker)
-    assert planted >= 4  # every rank's state, in every replica
+    assert planted == 6  # every rank's state (3), in every replica (2)
     second = run_jit(ckpt, max_restarts=0)
     assert not marker.exists(), "code planted in a checkpoint ran on resume"
     assert second.returncode != 0

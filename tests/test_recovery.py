@@ -11,6 +11,9 @@ from conftest import reference_sha, run_jit
 
 pytestmark = [pytest.mark.slow, pytest.mark.warm_restart]  # the central matrix runs as users run it
 
+
+# 3 ranks (run_jit's and reference_sha's default): rank 2 fails, ranks 0 and 1 are its replicas.
+
 # (kind, phase, step): each failure kind at several points of a minibatch.
 MATRIX = [
     ("kill", "forward", 5),
@@ -36,10 +39,10 @@ def _check_single_recovery(result, fault_free_sha, kind, phase, step):
     expected = step + 1 if phase == "optimizer" else step
     assert failure["resumed_from_minibatch"] == expected, failure
     assert failure["minibatches_redone"] == 1, failure
-    assert {d["rank"] for d in failure["detected_by"]} == {0, 1, 3}, failure
+    assert {d["rank"] for d in failure["detected_by"]} == {0, 1}, failure
     if kind == "hang":
         assert any(d["how"] == "hang" for d in failure["detected_by"]), failure
-    assert len(failure["saves"]) == 3 and all(s["minibatch"] == expected for s in failure["saves"]), failure
+    assert len(failure["saves"]) == 2 and all(s["minibatch"] == expected for s in failure["saves"]), failure
     for key in ("detect_seconds", "save_seconds", "restart_seconds", "resume_seconds"):
         assert failure[key] is not None and failure[key] >= 0, (key, failure)
 
@@ -56,7 +59,7 @@ def test_failure_during_the_jit_save(tmp_path, fault_free_sha):
     assert result.returncode == 0, result.output[-4000:]
     assert result.sha == fault_free_sha
     (failure,) = result.report["failures"]
-    assert sorted(s["rank"] for s in failure["saves"]) == [0, 3]
+    assert sorted(s["rank"] for s in failure["saves"]) == [0]
     assert failure["resumed_from_minibatch"] == 10
     torn = list((tmp_path / "ckpt" / "step-00000010").glob(".rank-00001.partial-*"))
     assert torn, "the killed save should have left a hidden partial directory"
@@ -71,7 +74,7 @@ def test_second_failure_after_restart(tmp_path, fault_free_sha):
     assert result.sha == fault_free_sha
     first, second = result.report["failures"]
     assert first["resumed_from_minibatch"] == 6 and second["resumed_from_minibatch"] == 16
-    assert {d["rank"] for d in second["detected_by"]} == {1, 2, 3}
+    assert {d["rank"] for d in second["detected_by"]} == {1, 2}
     assert result.report["summary"]["minibatches_redone"] == 2
 
 
@@ -106,4 +109,4 @@ def test_bit_exact_with_batchnorm_statistics(tmp_path, fault_free_sha_batchnorm,
     _check_single_recovery(result, fault_free_sha_batchnorm, kind, phase, step)
     saved = step + 1 if phase == "optimizer" else step
     metas = [json.loads(p.read_text()) for p in (tmp_path / "ckpt").glob(f"step-{saved:08d}/rank-*/jitckpt-meta.json")]
-    assert len(metas) == 3 and all(m["module_buffers_rewound"] for m in metas), metas
+    assert len(metas) == 2 and all(m["module_buffers_rewound"] for m in metas), metas

@@ -29,7 +29,7 @@ def test_crash_after_a_finished_script_is_not_a_failure(tmp_path: Path) -> None:
     """Rank 2 finishes, then dies from SIGABRT in teardown: the job completes, nobody is restarted or SIGTERMed."""
     result = run_jit(tmp_path / "ckpt", script=PROGRAM, args=["--mode", "crash-after"], max_restarts=1, timeout=180)
     assert result.returncode == 0, result.output[-4000:]
-    assert result.output.count("finished training") == 4
+    assert result.output.count("finished training") == 3
     assert result.report["restarts"] == 0, result.output[-4000:]
     assert result.report["crashes_after_finishing"] == [{"rank": 2, "attempt": 0, "signal": 6}]
     assert "closing signal SIGTERM" not in result.output, "the other ranks were torn down"

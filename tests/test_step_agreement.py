@@ -276,7 +276,7 @@ def test_ranks_that_agree_change_nothing_and_a_restart_never_reads_the_old_attem
 
 
 def test_end_to_end_a_stale_view_after_a_restart_resumes_every_rank_from_the_same_step(tmp_path, fault_free_sha):
-    """jit-run, 4 ranks: rank 1 is killed at minibatch 3 (attempt 0) and at minibatch 6 (attempt 1).
+    """jit-run, 3 ranks: rank 1 is killed at minibatch 3 (attempt 0) and at minibatch 6 (attempt 1).
     In attempt 2, rank 2's listing lacks minibatch 6: every rank resumes from minibatch 3, bit-exact."""
     program = tmp_path / "train_with_stale_view.py"
     program.write_text(textwrap.dedent(
@@ -295,9 +295,9 @@ def test_end_to_end_a_stale_view_after_a_restart_resumes_every_rank_from_the_sam
                                                                              "--log-every", "1000"])
     assert result.returncode == 0, result.output[-4000:]
     resumed = re.findall(r"^\[jitckpt rank (\d)\] resuming from minibatch (\d+)", result.output, re.M)
-    assert sorted(resumed) == sorted([(str(r), str(OLDER)) for r in range(4)] * 2), resumed
+    assert sorted(resumed) == sorted([(str(r), str(OLDER)) for r in range(3)] * 2), resumed
     said = [line for line in result.output.splitlines() if DISAGREEMENT in line]
-    assert len(said) == 4 and all(f"minibatch {NEWEST} on rank 0,1,3; minibatch {OLDER} on rank 2" in line
+    assert len(said) == 3 and all(f"minibatch {NEWEST} on rank 0,1; minibatch {OLDER} on rank 2" in line
                                   for line in said), said
     assert (tmp_path / "ckpt" / f"step-{NEWEST:08d}").is_dir()
     assert [f["resumed_from_minibatch"] for f in result.report["failures"]] == [OLDER, OLDER], result.report
