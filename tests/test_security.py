@@ -203,19 +203,26 @@ def test_a_job_whose_save_links_its_vocabulary_in_leaves_the_original_alone(tmp_
 
 @pytest.fixture
 def immutable(tmp_path):
-    """Make a file immutable (``chattr +i``: not even its owner, nor root, may change its mode); undone after."""
-    made: list[Path] = []
+    """Make a file immutable (``chattr +i``: not even its owner, nor root, may change its mode); undone after.
+
+    Undone on the whole of ``tmp_path``: the commit renames the folder the file was made immutable in, so its
+    old path is gone (an immutable file left behind makes the run's clean-up fail).
+    """
+    made = False
 
     def make(path: Path) -> None:
+        nonlocal made
         done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True) if shutil.which("chattr") else None
         if done is None or done.returncode != 0:
             pytest.skip("needs a file whose mode cannot be changed: chattr +i is not available here "
                         f"({done.stderr.strip() if done else 'no chattr'})")
-        made.append(path)
+        made = True
 
     yield make
-    for path in made:
-        subprocess.run(["chattr", "-i", str(path)], check=False)
+    if made:
+        for path in tmp_path.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                subprocess.run(["chattr", "-i", str(path)], check=False, capture_output=True)
 
 
 def test_a_mode_that_cannot_be_changed_is_a_warning_not_a_lost_save(tmp_path, open_umask, immutable):
