@@ -24,6 +24,11 @@ WORKER = textwrap.dedent(
     with dist._coalescing_manager():                               # placeholder work inside
         dist.all_reduce(t)
     dist.barrier()
+    out = torch.zeros(3)
+    dist.all_gather_single(out, t); dist.reduce_scatter_single(out, t)   # FSDP2's names, tracked (issue 18)
+    dist.all_reduce_coalesced([t, t.clone()]); dist.all_reduce_coalesced([t], async_op=True).wait()
+    dist.all_gather_coalesced([[torch.zeros(3)]], [t]); dist.monitored_barrier()
+    assert all(getattr(dist, n)._jitckpt_wrapped for n in ("all_gather_single", "isend", "batch_isend_irecv"))
     assert rt.oldest_in_flight() is None, rt.oldest_in_flight()
     assert not rt.park_requested.is_set(), "a healthy collective raised a JIT event"
 

@@ -106,6 +106,22 @@ def test_a_script_that_all_reduces_its_own_gradients_resumes_bit_exact(tmp_path,
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
 
 
+def test_a_script_that_exchanges_its_gradients_point_to_point_survives_a_frozen_peer(tmp_path):
+    """No DDP: the script sends its gradients to the other rank with ``batch_isend_irecv`` (isend/irecv) and
+    averages them.  Rank 1 freezes after its exchange, before ``optimizer.step()``; rank 0 then waits in the
+    next minibatch's receive, which the hang timeout must see: it saves the next minibatch, bit-exact.
+    Before, point-to-point transfers were not tracked (issue 18, item 1): rank 0 waited there unseen until
+    the job's timeout."""
+    extra = ["--grad-sync", "p2p"]
+    expected = _fault_free_sha(*extra, nproc=2)
+    result = run_jit(tmp_path / "ckpt", nproc=2, script=SCRIPT, args=[*ARGS, *extra, "--die", "1:9:stop"])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == 10, failure
+    assert result.report["outcome"] == "completed", result.report
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
 def test_a_rank_whose_own_rng_state_is_lost_stops_the_job_with_the_reason(tmp_path, clip_fault_free_sha):
     """Rank 1's own RNG state for the resumed minibatch is in no checkpoint and no stash (its host lost): the job
     stops at once with the reason and jit-run's exit status for a stopped job (77, not torchrun's 1), and spends

@@ -8,19 +8,25 @@
   registers is wrapped the same way instead.  A collective error is caught in
   the completion callback, so ``backward()`` of a healthy rank never raises
   "connection reset" before the save has run: the callback parks instead.
-- The Python-level collectives of ``torch.distributed`` are wrapped likewise,
-  and so are the functional collectives (``torch.distributed._functional_collectives``:
+- The Python-level collectives of ``torch.distributed`` are wrapped likewise
+  (every function that issues one, point-to-point included; ``NOT_WRAPPED``
+  says why each other one is not), and so are the functional collectives (``torch.distributed._functional_collectives``:
   their issue is a safe point, their ``wait_tensor`` is watched) and DDP's
   buffer broadcast (``broadcast_buffers=True``).
 - When a collective ends: gloo completes its future when the collective is
   done, so the future's callback retires it.  NCCL completes the future (and
   ``Work.wait()``) when the collective is *enqueued*; it is in flight until
-  ``work.is_completed()``, which the watchdog and the optimizer pre-step poll
-  (``JitRuntime.track``).  The Work is kept for DDP's all-reduce, for the
-  wrapped collectives, and for the collectives a user's comm hook issues
-  through them (``dist.all_reduce(..., async_op=True)``, as torch's own hooks
-  do); a hook that reaches the process group some other way returns only a
-  future, and its collective counts as in flight until that future completes.
+  an event recorded after it on a side stream completes (``_StreamEnd``;
+  other NCCL-like backends: ``work.is_completed()``), which the watchdog and
+  the optimizer pre-step poll (``JitRuntime.track``).  This holds for DDP's
+  all-reduce, for the wrapped collectives, and for the collectives a user's
+  comm hook issues through them (``dist.all_reduce(..., async_op=True)``, as
+  torch's own hooks do); a hook that reaches the process group some other
+  way returns only a future, and its collective counts as in flight until
+  that future completes.  The pre-step waits for every collective issued
+  outside the optimizer phase, whoever issued it.  A wrapped collective's
+  polled Work reaches the caller wrapped (``_guarded_work_type``), so that
+  its ``wait()`` parks for the save instead of aborting the communicator.
 - ``sys.excepthook`` is the last resort: a distributed error that escapes
   anywhere else (e.g. DDP's buffer broadcast) still gets a JIT save when the
   parameters are known to be consistent.
@@ -43,20 +49,67 @@ from jitckpt.worker import ddp_layout, resume, sharding, skipped_steps
 from jitckpt.worker.runtime import JitRuntime
 from jitckpt.worker.save import in_jit_save
 
+# Every function of torch.distributed (``distributed_c10d.__all__``) that issues a collective or a
+# point-to-point transfer on a process group is wrapped (``_tracked_collective``), FSDP2's
+# all_gather_single / reduce_scatter_single and the coalesced forms included.
 _COLLECTIVES = (
     "all_reduce",
+    "all_reduce_coalesced",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
+    "all_gather_coalesced",
     "reduce_scatter_tensor",
     "reduce_scatter",
+    "reduce_scatter_single",
     "broadcast",
     "reduce",
     "barrier",
+    "monitored_barrier",
     "all_to_all_single",
     "all_to_all",
     "gather",
     "scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "batch_isend_irecv",
 )
+# The wrapped functions without ``async_op`` that return their Work (or a list of Works) at once;
+# the others without it (send, recv, monitored_barrier) block until they are done.
+_RETURN_WORK = frozenset({"isend", "irecv", "batch_isend_irecv"})
+# The deprecated coalesced forms: with async_op they hand back their Work's future, never the Work.
+_RETURN_FUTURE = frozenset({"all_reduce_coalesced", "all_gather_coalesced"})
+# Collectives whose Work.wait() blocks the host until they are done (``JitRuntime.wait_for_work``).
+_HOST_BLOCKING_WAIT = frozenset({"barrier", "monitored_barrier"})
+_SETUP = "sets process groups up or tears them down, outside training; no collective of a group"
+_QUERY = "a query: issues nothing"
+# The other public functions of ``distributed_c10d``, each with why it is not wrapped.
+# tests/test_runtime_hooks.py fails on a function torch adds that is in neither list.
+NOT_WRAPPED: dict[str, str] = {
+    "all_gather_object": "issues all_gather, wrapped (through distributed_c10d's own namespace)",
+    "broadcast_object_list": "issues broadcast, wrapped",
+    "gather_object": "issues all_gather and gather, wrapped",
+    "scatter_object_list": "issues broadcast and scatter, wrapped",
+    "send_object_list": "issues send, wrapped",
+    "recv_object_list": "issues recv, wrapped",
+    "init_process_group": _SETUP,
+    "destroy_process_group": _SETUP,
+    "new_group": _SETUP,
+    "new_subgroups": _SETUP,
+    "new_subgroups_by_enumeration": _SETUP,
+    "split_group": _SETUP,
+    "shrink_group": _SETUP,
+    "record_comm": "names the collectives issued inside it, for the profiler",
+    **{name: _QUERY for name in (
+        "get_backend", "get_backend_config", "get_debug_level", "get_default_backend_for_device",
+        "get_global_rank", "get_group_rank", "get_node_local_rank", "get_pg_count",
+        "get_process_group_ranks", "get_rank", "get_world_size", "is_backend_available",
+        "is_gloo_available", "is_initialized", "is_mpi_available", "is_nccl_available",
+        "is_torchelastic_launched", "is_ucc_available", "is_xccl_available", "supports_complex",
+    )},
+}
 _installed = False
 
 
@@ -154,8 +207,28 @@ def _coalescing() -> bool:
     return bool(getattr(distributed_c10d._world, "pg_coalesce_state", None))
 
 
+class _Nesting(threading.local):
+    depth = 0  # wrapped collectives running on this thread (send runs isend, the object collectives theirs)
+
+
+_nesting = _Nesting()
+
+
 def _tracked_collective(runtime: JitRuntime, name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a torch.distributed function named ``name``), its collective tracked by ``runtime``.
+
+    Its entry is a safe point (the outermost wrapped call only: ``send``
+    runs ``isend``).  Its Work is tracked; on a backend whose Work is polled
+    (NCCL) the caller gets it wrapped (``_guarded_work_type``).  Every collective
+    issued outside the optimizer phase, whoever issues it (DDP's hook, a
+    script's own ``all_reduce(p.grad)``, FSDP2's reduce-scatter, HSDP,
+    point-to-point), is one the optimizer pre-step waits for: its result may
+    feed the update, and on NCCL the host runs ahead of it.
+    """
     signature = inspect.signature(original)
+    takes_async_op = "async_op" in signature.parameters
+    what = f"torch.distributed.{name}"
+    host_blocking = name in _HOST_BLOCKING_WAIT
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -164,32 +237,225 @@ def _tracked_collective(runtime: JitRuntime, name: str, original: Callable[..., 
                 f"torch.distributed.{name} called inside the JIT save function; a JIT save runs when "
                 f"peers may be dead, so save(path) must not use collectives (drop barriers and gathers)"
             )
-        runtime.collective_entry(name)
+        if _nesting.depth == 0:
+            runtime.collective_entry(name)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
             return original(*args, **kwargs)  # let torch report the bad call
-        if _coalescing() or "async_op" not in signature.parameters:
+        if _coalescing():
             return original(*args, **kwargs)
-        caller_wants_async = bool(bound.arguments.get("async_op", False))
-        bound.arguments["async_op"] = True
-        work = original(*bound.args, **bound.kwargs)
-        if work is None:  # this rank is not a member of the group
-            return None
-        group = bound.arguments.get("group")
-        token = runtime.track(f"torch.distributed.{name}", _work_to_poll(group, work), gradient=_in_comm_hook())
-        if caller_wants_async:
-            work.get_future().add_done_callback(lambda fut: _finish(runtime, token, fut, name))
-            return work
+        gradient = _in_comm_hook() or runtime.phase != "optimizer"
+        _nesting.depth += 1
         try:
-            work.wait()
-        except Exception as exc:
-            runtime.collective_finished(token, exc, f"torch.distributed.{name}")
-        runtime.collective_finished(token, None, name)
-        return None
+            if name in _RETURN_FUTURE:
+                return _issue_returning_future(runtime, what, original, bound, gradient)
+            if takes_async_op:
+                return _issue_async(runtime, what, original, bound, gradient, host_blocking)
+            if name in _RETURN_WORK:
+                return _issue_returning_work(runtime, what, original, bound, gradient)
+            return _issue_blocking(runtime, what, original, bound, gradient)
+        finally:
+            _nesting.depth -= 1
 
     wrapper._jitckpt_wrapped = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _issue_async(runtime: JitRuntime, what: str, original: Callable[..., Any], bound: inspect.BoundArguments,
+                 gradient: bool, host_blocking: bool) -> Any:
+    """A collective with ``async_op``: issued asynchronously and tracked; waited for here unless the caller wants its Work."""
+    caller_wants_async = bool(bound.arguments.get("async_op", False))
+    bound.arguments["async_op"] = True
+    work = original(*bound.args, **bound.kwargs)
+    if work is None:  # this rank is not a member of the group
+        return None
+    token, work = _track_work(runtime, what, bound.arguments.get("group"), _first_tensor(bound.arguments), work,
+                              gradient, host_blocking)
+    if caller_wants_async:
+        return work
+    try:
+        work.wait()
+    except Exception as exc:
+        runtime.collective_finished(token, exc, what)
+        raise
+    runtime.collective_finished(token, None, what)
+    return None
+
+
+def _issue_returning_future(runtime: JitRuntime, what: str, original: Callable[..., Any], bound: inspect.BoundArguments,
+                            gradient: bool) -> Any:
+    """all_reduce_coalesced / all_gather_coalesced: tracked until their future completes (or their call returns).
+
+    That is the collective's end on gloo, its enqueue on NCCL: their Work never
+    reaches Python, so on NCCL they are not polled and the optimizer pre-step
+    does not wait for them (torch deprecates both).
+    """
+    if not bound.arguments.get("async_op", False):
+        return _issue_blocking(runtime, what, original, bound, gradient)
+    future = original(*bound.args, **bound.kwargs)
+    if future is not None:
+        token = runtime.track(what, gradient=gradient)
+        future.add_done_callback(lambda fut: _finish(runtime, token, fut, what))
+    return future
+
+
+def _issue_returning_work(runtime: JitRuntime, what: str, original: Callable[..., Any], bound: inspect.BoundArguments,
+                          gradient: bool) -> Any:
+    """isend / irecv / batch_isend_irecv: each Work they return is tracked (once: batch_isend_irecv runs isend)."""
+    result = original(*bound.args, **bound.kwargs)
+    if "p2p_op_list" in bound.arguments:
+        ops = bound.arguments["p2p_op_list"]
+        group, tensor = (ops[0].group, ops[0].tensor) if ops else (None, None)
+    else:
+        group, tensor = bound.arguments.get("group"), bound.arguments.get("tensor")
+    guarded = _guarded_work_type()
+
+    def tracked(work: Any) -> Any:
+        if work is None or isinstance(work, guarded):
+            return work
+        return _track_work(runtime, what, group, tensor, work, gradient, host_blocking=False)[1]
+
+    return [tracked(work) for work in result] if isinstance(result, list) else tracked(result)
+
+
+def _issue_blocking(runtime: JitRuntime, what: str, original: Callable[..., Any], bound: inspect.BoundArguments,
+                    gradient: bool) -> Any:
+    """send / recv / monitored_barrier (and the coalesced forms without async_op): in flight until the call returns.
+
+    (send and recv issue isend and irecv, whose Works are tracked too.)
+    """
+    return _call_tracked(runtime, what, lambda: original(*bound.args, **bound.kwargs), gradient)
+
+
+def _call_tracked(runtime: JitRuntime, what: str, call: Callable[[], Any], gradient: bool = False) -> Any:
+    """``call()``, a collective in flight until it returns (its completion path parks if a save waits)."""
+    token = runtime.track(what, gradient=gradient)
+    try:
+        result = call()
+    except Exception as exc:
+        runtime.collective_finished(token, exc, what)
+        raise
+    runtime.collective_finished(token, None, what)
+    return result
+
+
+def _first_tensor(arguments: dict[str, Any]) -> Any:
+    """The first tensor among a collective's arguments (in lists too): where its device is read."""
+    for value in arguments.values():
+        while isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if hasattr(value, "is_cuda"):
+            return value
+    return None
+
+
+def _track_work(runtime: JitRuntime, what: str, group: Any, tensor: Any, work: Any, gradient: bool,
+                host_blocking: bool) -> tuple[int | None, Any]:
+    """Track a collective's ``work``; returns its token and the Work for the caller.
+
+    Where the future ends the collective (gloo; a collective enqueued during
+    a CUDA graph capture), its callback retires it and the caller gets
+    ``work`` itself.  Otherwise the Work is polled and the caller gets it
+    wrapped (``_guarded_work_type``).  A gloo send or receive has no future
+    and completes only in its ``wait()``, where gloo's host blocks: it is in
+    flight while a thread waits for it (no token until then: None).
+    """
+    polled = _work_to_poll(group, work, tensor)
+    if polled is None:  # gloo, or enqueued during a CUDA graph capture (never polled): the future ends it
+        try:
+            future = work.get_future()
+        except RuntimeError:  # gloo's send/recv Work: "getFuture not implemented"
+            return None, _guarded_work_type()(runtime, None, work, host_blocking, what)
+        token = runtime.track(what, gradient=gradient)
+        future.add_done_callback(lambda fut: _finish(runtime, token, fut, what))
+        return token, work
+    token = runtime.track(what, polled, gradient=gradient)
+    return token, _guarded_work_type()(runtime, token, work, host_blocking, what)
+
+
+def _blocking_wait() -> bool:
+    """True under ``TORCH_NCCL_BLOCKING_WAIT=1``: NCCL's ``Work.wait()`` blocks the host, and aborts on an error or timeout."""
+    return os.environ.get("TORCH_NCCL_BLOCKING_WAIT", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def _guarded_work_type() -> type:
+    """The ``torch.distributed.Work`` subclass that jitckpt hands back for a polled collective (defined once torch is in).
+
+    Its ``wait()`` goes through ``JitRuntime.wait_for_work``: torch's own
+    ``wait()`` of a Work whose error was recorded (on NCCL, by any
+    ``is_completed()`` query) aborts the communicator and throws, releasing
+    the device work queued behind the hang before the save, and under
+    ``TORCH_NCCL_BLOCKING_WAIT=1`` it aborts on an error or its timeout.  The
+    guarded wait parks the thread for the JIT save instead.  Everything else
+    is the wrapped Work's.  Unverified on GPU with a failing peer (one rank
+    on an H100/H200 ran it healthy; the failure paths run on fakes).
+    """
+    import torch.distributed as dist
+
+    class GuardedWork(dist.Work):
+        """A polled collective's Work as the caller sees it (see ``_guarded_work_type``)."""
+
+        def __init__(self, runtime: JitRuntime, token: int | None, work: Any, host_blocking: bool, what: str) -> None:
+            """``token`` None: a gloo send or receive, in flight only while a thread waits for it."""
+            super().__init__()
+            self._runtime = runtime
+            self._token = token
+            self._work = work
+            self._host_blocking = host_blocking or _blocking_wait()
+            self._what = what
+
+        def wait(self, timeout: Any = None) -> bool:
+            def real_wait() -> bool:
+                return self._work.wait() if timeout is None else self._work.wait(timeout)
+
+            if self._token is None:
+                return _call_tracked(self._runtime, self._what, real_wait)
+            return self._runtime.wait_for_work(self._token, real_wait, self._host_blocking)
+
+        def is_completed(self) -> bool:
+            return self._work.is_completed()
+
+        def is_success(self) -> bool:
+            return self._work.is_success()
+
+        def exception(self) -> Any:
+            return self._work.exception()
+
+        def source_rank(self) -> int:
+            return self._work.source_rank()
+
+        def _source_rank(self) -> int:
+            return self._work._source_rank()
+
+        def result(self) -> Any:
+            return self._work.result()
+
+        def synchronize(self) -> None:
+            self._work.synchronize()
+
+        def block_current_stream(self) -> None:
+            self._work.block_current_stream()
+
+        def get_future(self) -> Any:
+            return self._work.get_future()
+
+        def get_future_result(self) -> Any:
+            return self._work.get_future_result()
+
+        def _get_op_type(self) -> Any:
+            return self._work._get_op_type()
+
+        def _get_duration(self) -> float:
+            return self._work._get_duration()
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "_work":  # not set yet: never recurse
+                raise AttributeError(name)
+            return getattr(self._work, name)
+
+    return GuardedWork
 
 
 def _finish(runtime: JitRuntime, token: int, fut: Any, what: str, on_error: Callable[[], Any] | None = None) -> Any:
@@ -213,13 +479,48 @@ def _finish(runtime: JitRuntime, token: int, fut: Any, what: str, on_error: Call
 
 # Backends whose collective's future completes when the collective has finished (and
 # carries its error): their future's callback retires the collective.  Every other
-# backend's collectives are in flight until their Work says is_completed().
+# backend's collectives are in flight until their Work (or, NCCL, an event after them) completes.
 _FUTURE_ENDS_COLLECTIVE = frozenset({"gloo"})
-_future_ends_collective: dict[int, tuple[Any, bool]] = {}  # id(group) -> (group, answer); the group is kept alive
+_backends: dict[int, tuple[Any, str]] = {}  # id(group) -> (group, backend name); the group is kept alive
+
+
+def _backend_of(group: Any, device_type: str) -> str:
+    """The backend of ``group`` (None: the default group) for ``device_type``, "" if torch does not know it.
+
+    A group with one backend per device type (``"cpu:gloo,cuda:nccl"``)
+    answers the one for ``device_type``.  The group's name is cached.
+    """
+    from torch.distributed import distributed_c10d
+
+    if group is None:
+        group = distributed_c10d._world.default_pg
+    known = _backends.get(id(group))
+    if known is None:
+        try:
+            backend = str(distributed_c10d.get_backend(group))
+        except Exception:
+            backend = ""
+        known = _backends[id(group)] = (group, backend)
+    backend = known[1]
+    if ":" in backend:
+        per_device = dict(part.split(":", 1) for part in backend.split(",") if ":" in part)
+        backend = per_device.get(device_type, backend)
+    return backend
 
 
 def _work_to_poll(group: Any, work: Any, tensor: Any = None) -> Any:
-    """The Work whose ``is_completed()`` says when this collective finished, or None if its future does.
+    """What says when this collective finished (``is_completed()``), or None if its future does.
+
+    - gloo: None, its future's callback retires it;
+    - NCCL on CUDA tensors: a separate handle, an event recorded after the
+      collective on a side stream (``_StreamEnd``).  The Work itself is never
+      queried: ``WorkNCCL::isCompleted`` records a communicator error on the
+      script's Work, whose ``wait()`` then aborts the communicator before the
+      save, and its ``exception()``/``is_success()`` cannot be read from Python
+      (seen with torch 2.11 on an H100).  An NCCL error is read from the
+      process group's ``get_error()`` (``watchdog.communicator_errors``), a
+      hang from the event that never completes;
+    - any other backend (the ``ncclorder`` test backend): the Work.
 
     None as well for a collective enqueued while the current CUDA stream is
     being captured into a graph: querying its event would invalidate the
@@ -229,29 +530,70 @@ def _work_to_poll(group: Any, work: Any, tensor: Any = None) -> Any:
     """
     if work is None:
         return None
-    from torch.distributed import distributed_c10d
-
-    if group is None:
-        group = distributed_c10d._world.default_pg
-    known = _future_ends_collective.get(id(group))
-    if known is None:
-        try:
-            backend = str(distributed_c10d.get_backend(group))
-        except Exception:
-            backend = ""
-        known = (group, backend in _FUTURE_ENDS_COLLECTIVE)
-        _future_ends_collective[id(group)] = known
-    if known[1]:
+    on_cuda = getattr(tensor, "is_cuda", False)
+    backend = _backend_of(group, "cuda" if on_cuda or (tensor is None and _cuda_initialized()) else "cpu")
+    if backend in _FUTURE_ENDS_COLLECTIVE:
         return None
-    if (tensor is None or getattr(tensor, "is_cuda", False)) and _cuda_stream_capturing():
+    if (tensor is None or on_cuda) and _cuda_stream_capturing():
         return None
+    if backend == "nccl" and (on_cuda or _cuda_initialized()):
+        return _StreamEnd.after(work, tensor.device if on_cuda else None) or work
     return work
+
+
+class _StreamEnd:
+    """A separate handle on an NCCL collective's end: an event recorded on a side stream made to wait for it.
+
+    NCCL's future is complete at enqueue and holds events recorded on the
+    NCCL stream after the collective; waiting for it under a side stream
+    makes that stream wait for them (``cudaStreamWaitEvent``, the host does
+    not block), and the event recorded next completes when the collective
+    has.  One side stream per device.  Unverified on GPU with more than one
+    rank (a one-rank NCCL job ran it on an H100).
+    """
+
+    __slots__ = ("event",)
+    _streams: dict[int, Any] = {}
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+
+    @classmethod
+    def after(cls, work: Any, device: Any) -> "_StreamEnd | None":
+        """The handle for ``work`` on ``device`` (None: the current one), or None where its future cannot give one."""
+        import torch
+
+        index = torch.cuda.current_device() if device is None else device.index
+        stream = cls._streams.get(index)
+        if stream is None:
+            stream = cls._streams[index] = torch.cuda.Stream(index)
+        try:
+            future = work.get_future()
+            with torch.cuda.stream(stream):
+                future.wait()
+                event = torch.cuda.Event()
+                event.record(stream)
+        except RuntimeError:
+            return None
+        return cls(event)
+
+    def is_completed(self) -> bool:
+        return bool(self.event.query())
+
+    def exception(self) -> None:
+        """Never an error here: NCCL's errors are the process group's (``get_error()``)."""
+        return None
+
+
+def _cuda_initialized() -> bool:
+    """True once this process has initialised CUDA (False at no cost where it never started)."""
+    cuda = sys.modules.get("torch.cuda")
+    return bool(cuda is not None and cuda.is_initialized())
 
 
 def _cuda_stream_capturing() -> bool:
     """True while the current CUDA stream is being captured (False at no cost where CUDA never started)."""
-    cuda = sys.modules.get("torch.cuda")
-    return bool(cuda is not None and cuda.is_initialized() and cuda.is_current_stream_capturing())
+    return _cuda_initialized() and bool(sys.modules["torch.cuda"].is_current_stream_capturing())
 
 
 class _CommHookState(threading.local):

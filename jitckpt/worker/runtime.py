@@ -20,13 +20,16 @@ Resuming from a checkpoint is ``jitckpt.worker.resume``.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import itertools
 import os
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from jitckpt import config, eventlog, faults
 from jitckpt.jit_event import JitReason
@@ -96,12 +99,13 @@ class JitRuntime:
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[float, str]] = {}
         self._tokens = itertools.count()
-        # In-flight collectives whose end is read from their Work (NCCL-like backends), not their future.
-        self._polled: dict[int, Any] = {}
+        # In-flight collectives whose end is polled (NCCL-like backends: their Work, or an event after it), not their future's.
+        self._polled: dict[int, PolledWork] = {}
         self._gradient: set[int] = set()  # in flight and a gradient collective (the optimizer pre-step waits)
         self._optimizer_entered_for: int | None = None  # the step whose pre-step wait the training thread passed
         self.park_requested = threading.Event()
         self.main_parked = threading.Event()
+        self._parked: dict[int, str] = {}  # ident -> name of every thread parked for good (park_forever)
         self._jit_started = False
         self.main_thread = threading.main_thread()
         eventlog.record("worker_start", rank=self.rank, attempt=self.attempt, world_size=self.world_size,
@@ -300,19 +304,24 @@ class JitRuntime:
     def track(self, what: str, work: Any = None, gradient: bool = False) -> int:
         """Count a collective as in flight from now on; returns its token.
 
-        ``work``: its ``torch.distributed`` Work when the collective's end must
-        be read from ``work.is_completed()`` (NCCL and NCCL-like backends, whose
-        future completes when the collective is *enqueued*); the watchdog polls
-        it, the optimizer pre-step too.  None: the collective's completion path
+        ``work``: what says when the collective ended, through
+        ``is_completed()`` (and ``exception()``), when its end cannot be read
+        from its future (NCCL and NCCL-like backends, whose future completes
+        when the collective is *enqueued*): its ``torch.distributed`` Work, or
+        for NCCL an event after it (``instrument._StreamEnd``); the watchdog
+        polls it, the optimizer pre-step too.  None: the collective's completion path
         (its future's callback on gloo, a blocking wait returning) calls
-        ``collective_finished``.  ``gradient``: a gradient collective of the
-        current minibatch, which the optimizer pre-step waits for.
+        ``collective_finished``.  ``gradient``: a collective whose result may
+        feed this minibatch's update, which the optimizer pre-step waits for
+        (the instrumentation counts every collective issued outside the
+        optimizer phase, whoever issues it: DDP, a script reducing its own
+        gradients, FSDP, point-to-point transfers).
         """
         token = next(self._tokens)
         with self._lock:
             self._in_flight[token] = (time.monotonic(), what)
             if work is not None:
-                self._polled[token] = work
+                self._polled[token] = PolledWork(work)
             if gradient:
                 self._gradient.add(token)
         return token
@@ -337,21 +346,85 @@ class JitRuntime:
         exception raises a JIT event and stays in flight.
         """
         with self._lock:
-            work = self._polled.get(token)
+            handle = self._polled.get(token)
             what = self._in_flight.get(token, (0.0, "a collective"))[1]
-        if work is not None:
-            done, error = work_state(work)
+        if handle is not None:
+            state = handle.state(blocking=False)
+            if state is None:  # a thread is in this Work's wait (wait_for_work): it reports the end
+                return False
+            done, error = state
             if not done:
                 return False
             if error is not None:
-                self._failed(token)
-                self.trigger(JitReason.PEER_ERROR, f"{what} failed: {short_error(error)}")
+                self._collective_failed(token, error, what)
                 return False
         self.untrack(token)
         return True
 
+    def _collective_failed(self, token: int, error: BaseException, what: str) -> None:
+        """A polled collective completed with an error: it stays in flight for good, and a JIT event is raised."""
+        self._failed(token)
+        self.trigger(JitReason.PEER_ERROR, f"{what} failed: {short_error(error)}")
+
+    def wait_for_work(self, token: int, wait: Callable[[], Any], host_blocking: bool) -> Any:
+        """``Work.wait()`` of a polled collective (``wait`` calls the real one), without letting it abort the communicator.
+
+        On NCCL, ``WorkNCCL::isCompleted()`` records a communicator error on
+        the Work, and a later ``wait()`` of that Work calls ``ncclCommAbort``
+        and throws: the device work queued behind the hang is released
+        (parameters change) before the JIT save.  jitckpt polls a separate
+        handle for NCCL's Works (``instrument._StreamEnd``), and any Work it
+        does poll is queried under its lock: the real ``wait()`` runs under
+        that lock, right after a query that found no error (the watchdog
+        skips a Work whose lock is held), so nothing jitckpt does can record
+        an error in between.  A failed collective raises the JIT event and
+        parks the thread, whichever thread it is (the collective stays in
+        flight for good).
+
+        ``host_blocking``: the real ``wait()`` would block the host until the
+        collective is done (``TORCH_NCCL_BLOCKING_WAIT=1``, whose wait aborts
+        on an error or its timeout; a barrier).  Then the end is polled here
+        first, as the optimizer pre-step polls: a safe point where the thread
+        parks if a JIT save waits (unless the optimizer phase has applied part
+        of the update), with the hang timeout in charge of a collective that
+        never ends, and NCCL's errors read from the process group
+        (``watchdog.communicator_errors``).  Unverified on GPU (fakes of
+        NCCL's Work in tests/test_runtime_hooks.py).
+        """
+        delay = 0.0002
+        while True:
+            with self._lock:
+                handle = self._polled.get(token)
+                failed = handle is None and token in self._in_flight  # _failed() keeps it in flight
+            if failed:
+                self.park_forever()  # its error raised the JIT event already
+            if handle is None:
+                return wait()  # retired: it completed without an error
+            with handle.lock:
+                done, error = handle.query()
+                if error is None and (done or not host_blocking):
+                    try:
+                        result = wait()
+                        break
+                    except Exception as exc:  # torch's wait raised: the collective failed
+                        error = exc
+            if error is not None:
+                with self._lock:
+                    what = self._in_flight.get(token, (0.0, "a collective"))[1]
+                self._collective_failed(token, error, what)
+                self.park_forever()
+            self.park_if_requested()
+            time.sleep(delay)
+            delay = min(2 * delay, 0.01)
+        self._retire_if_complete(token)
+        return result
+
     def poll_collectives(self) -> None:
-        """Watchdog thread: retire the polled collectives that completed (a failed one is a JIT event)."""
+        """Watchdog thread: retire the polled collectives that completed (a failed one is a JIT event).
+
+        Each query runs in relaxed CUDA stream-capture mode (``work_state``), so that it
+        cannot invalidate a CUDA graph another thread is capturing.
+        """
         with self._lock:
             tokens = list(self._polled)
         for token in tokens:
@@ -412,8 +485,7 @@ class JitRuntime:
             polled = token in self._polled
         may_park = not polled or threading.current_thread() is self.main_thread
         if error is not None:
-            self._failed(token)
-            self.trigger(JitReason.PEER_ERROR, f"{what} failed: {short_error(error)}")
+            self._collective_failed(token, error, what)
             if may_park:
                 self.park_forever()
             return
@@ -439,10 +511,24 @@ class JitRuntime:
             self.park_forever()
 
     def park_forever(self) -> None:
-        """Block this thread until the process exits after the JIT save."""
-        if threading.current_thread() is self.main_thread:
+        """Block this thread until the process exits after the JIT save.
+
+        Every thread parked here counts (``threads_parked``), not only the
+        training thread: DDP's comm hook runs on an autograd device thread
+        during ``backward()``, and a thread parked at a collective's entry
+        holds that collective, so the minibatch cannot get past it.
+        """
+        thread = threading.current_thread()
+        with self._lock:
+            self._parked[thread.ident or 0] = thread.name
+        if thread is self.main_thread:
             self.main_parked.set()
         threading.Event().wait()
+
+    def threads_parked(self, main: bool = True) -> list[str]:
+        """The names of the threads parked for good (``main=False``: other than the training thread)."""
+        with self._lock:
+            return [name for ident, name in self._parked.items() if main or ident != self.main_thread.ident]
 
     def main_thread_in_collective(self) -> bool:
         """True if the training thread is blocked in a collective that jitckpt does not track.
@@ -500,13 +586,15 @@ class JitRuntime:
             return any(token not in self._polled for token in self._gradient)
 
     def _safe_to_save(self, reason: JitReason) -> bool:
+        if not self.state_consistent():
+            # Part of this minibatch's update is applied: never saved (see _refusal), whatever
+            # reported the event (a GAN's D stepped, G's backward hung: D's step is no start).
+            return False
         if reason.from_device:
             # The C watchdog saw a CUDA event after an NCCL kernel never complete:
             # the device work that would update parameters is queued behind it
             # (cudaStreamWaitEvent), whatever the host thread is doing.
             return True
-        if not self.state_consistent():
-            return False  # part of this minibatch's update is applied: never saved (see _refusal)
         if self.main_parked.is_set():
             return True
         if self.optimizer_phase.in_phase:
@@ -524,7 +612,11 @@ class JitRuntime:
         # at whatever consumes its data, in any frame) means the state is the start of
         # this minibatch wherever the thread is blocked; a thread stuck in an untracked
         # blocking collective outside the optimizer step is equally unable to modify state.
-        return self.oldest_in_flight() is not None or self.main_thread_in_collective()
+        # So is a thread parked at a collective's entry before issuing it (DDP's comm hook on an
+        # autograd thread, the training thread in backward() or in next(loader)): the
+        # minibatch cannot get past that collective.
+        return (self.oldest_in_flight() is not None or bool(self.threads_parked(main=False))
+                or self.main_thread_in_collective())
 
     def _refusal(self) -> str | None:
         """Why no consistent state can be reached any more, or None while one still may be.
@@ -615,23 +707,132 @@ class JitRuntime:
         )
 
 
+class PolledWork:
+    """A collective's Work whose end the runtime reads from ``is_completed()``, queried by one thread at a time.
+
+    ``lock`` is held by every query and, in ``JitRuntime.wait_for_work``,
+    across a query and the Work's real ``wait()``; the watchdog and the
+    optimizer pre-step skip a Work whose lock is held (``state``).
+    """
+
+    __slots__ = ("work", "lock")
+
+    def __init__(self, work: Any) -> None:
+        self.work = work
+        self.lock = threading.Lock()
+
+    def query(self) -> tuple[bool, BaseException | None]:
+        """``work_state(work)``; the caller holds ``lock``."""
+        return work_state(self.work)
+
+    def state(self, blocking: bool) -> tuple[bool, BaseException | None] | None:
+        """``query()`` under the lock; None if another thread holds it and ``blocking`` is False."""
+        if not self.lock.acquire(blocking=blocking):
+            return None
+        try:
+            return self.query()
+        finally:
+            self.lock.release()
+
+
 def work_state(work: Any) -> tuple[bool, BaseException | None]:
     """(completed, error) of a ``torch.distributed`` Work, without blocking.
 
-    On NCCL ``is_completed()`` queries the end event of the collective (and
-    the communicator's asynchronous error); ``exception()`` is set once
-    ProcessGroupNCCL's watchdog has seen the communicator fail (torch marks the
-    accessor deprecated but it is the per-work one it has).
+    ``work`` is a Work or a handle with the same two methods
+    (``instrument._StreamEnd``: an event after an NCCL collective).  The query
+    runs in relaxed CUDA stream-capture mode (``relaxed_capture_mode``).
     """
     try:
-        if not work.is_completed():
-            return False, None
-        error = work.exception()
+        with relaxed_capture_mode():
+            if not work.is_completed():
+                return False, None
+            error = _work_error(work)
     except Exception as exc:  # a failed work may raise from its accessors
         return True, exc
     if error is None or isinstance(error, BaseException):
         return True, error
     return True, RuntimeError(str(error))
+
+
+def _work_error(work: Any) -> Any:
+    """The error a completed Work ended with, or None.
+
+    A C++ Work's ``exception()`` cannot be called from Python (its binding
+    returns a ``std::exception_ptr`` pybind cannot convert: TypeError, for a
+    healthy Work too), and ``WorkNCCL::isSuccess()`` raises "deprecated" (both
+    seen with torch 2.11 on an H100).  So ``is_success()`` answers where it
+    can, and otherwise no error is read here: NCCL's Works are not polled
+    (``instrument._work_to_poll`` polls an event after them) and its errors
+    are the process group's (``get_error()``).  Python Works (the
+    ``ncclorder`` test backend) answer ``exception()``.
+    """
+    try:
+        return work.exception()
+    except TypeError:
+        pass
+    try:
+        success = work.is_success()
+    except Exception:
+        return None
+    return None if success else RuntimeError("the collective completed with an error (see the process group's log)")
+
+
+# cudaStreamCaptureMode / CUstreamCaptureMode values.
+CAPTURE_MODE_RELAXED = 2
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode() -> Iterator[None]:
+    """Run the body with this thread in relaxed CUDA stream-capture mode (nothing to do where CUDA never started).
+
+    A Work's ``is_completed()`` queries a CUDA event (``cudaEventQuery``), a
+    call that is illegal while another thread captures a CUDA graph in the
+    default (global) mode: it fails and invalidates that capture.  Torch's own
+    NCCL watchdog switches its thread's mode for its queries
+    (``CUDAStreamCaptureModeGuard``); torch exposes no Python binding for it,
+    so the driver's ``cuThreadExchangeStreamCaptureMode`` is called through
+    ctypes.  Relaxed rather than thread-local: the training thread polls too
+    (the optimizer pre-step, a guarded ``wait()``), possibly inside its own
+    capture, where only relaxed mode permits the query of an event recorded
+    before the capture began (works enqueued during a capture are never
+    polled: ``instrument._work_to_poll``).  Checked on an H100 and an H200
+    (torch 2.11): such a query, from another thread or from the capturing
+    one, invalidated a global-mode capture without this and left it intact
+    with it; about 5 us a query.  Not run by CI (no GPU).
+    """
+    exchange = _capture_mode_exchange()
+    previous = None if exchange is None else exchange(CAPTURE_MODE_RELAXED)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            exchange(previous)  # type: ignore[misc]
+
+
+def _capture_mode_exchange() -> Callable[[int], int | None] | None:
+    """The per-thread capture-mode exchange, or None before CUDA is initialised (checked at no cost)."""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is None or not cuda.is_initialized():
+        return None
+    return _driver_capture_mode_exchange()
+
+
+@functools.cache
+def _driver_capture_mode_exchange() -> Callable[[int], int | None] | None:
+    """``cuThreadExchangeStreamCaptureMode`` of the CUDA driver the process has loaded, or None without one."""
+    try:
+        function = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    function.restype = ctypes.c_int
+
+    def exchange(mode: int) -> int | None:
+        """Set this thread's mode to ``mode``; returns the one it had, or None if the driver refused."""
+        value = ctypes.c_int(mode)
+        return value.value if function(ctypes.byref(value)) == 0 else None
+
+    return exchange
 
 
 # main_thread_in_collective: (path suffix, function names or None for any) of the Python frames a

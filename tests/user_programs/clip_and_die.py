@@ -15,7 +15,9 @@ How the gradients are reduced (``--grad-sync``):
 - ``every``: DDP without ``no_sync()``: every micro-batch's backward
   all-reduces (each draws its dropout masks after the first all-reduce);
 - ``manual``: no DDP: the script all-reduces every ``p.grad`` itself after
-  the last backward and divides by the world size.
+  the last backward and divides by the world size;
+- ``p2p``: no DDP: the script sends every ``p.grad`` to every other rank
+  (``batch_isend_irecv``), adds them in rank order and divides.
 """
 
 from __future__ import annotations
@@ -37,15 +39,30 @@ from mlp_job import add_job_args, batch, build, init_process_group, parameters_s
 from train_mlp import use_jitckpt  # noqa: E402
 
 
+def exchange_gradients(model: nn.Module, rank: int, world: int) -> None:
+    """Sum every ``p.grad`` over the ranks with point-to-point transfers (the same order everywhere), then average."""
+    for param in model.parameters():
+        received = {peer: torch.empty_like(param.grad) for peer in range(world) if peer != rank}
+        ops = [dist.P2POp(dist.isend, param.grad, peer) for peer in received]
+        ops += [dist.P2POp(dist.irecv, buffer, peer) for peer, buffer in received.items()]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        total = torch.zeros_like(param.grad)
+        for peer in range(world):
+            total += param.grad if peer == rank else received[peer]
+        param.grad.copy_(total).div_(world)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     add_job_args(p)
     p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop between backward and step, exitN: "
                                               "sys.exit(N) there, stop-before-broadcast: before the step's object "
                                               "broadcast), first attempt only")
-    p.add_argument("--grad-sync", choices=("no_sync", "every", "manual"), default="no_sync",
+    p.add_argument("--grad-sync", choices=("no_sync", "every", "manual", "p2p"), default="no_sync",
                    help="no_sync: DDP all-reduces in the last micro-batch only; every: in every micro-batch; "
-                        "manual: no DDP, the script all-reduces p.grad itself")
+                        "manual: no DDP, the script all-reduces p.grad itself; p2p: no DDP, the script "
+                        "exchanges p.grad with point-to-point transfers")
     p.add_argument("--object-collective", action="store_true",
                    help="every step, rank 0 broadcasts the step number with dist.broadcast_object_list first")
     p.add_argument("--log-every", type=int, default=1000)
@@ -64,7 +81,7 @@ def main() -> None:
         loader = torch.utils.data.DataLoader(list(range(16)), batch_size=4, shuffle=True)
         next(iter(loader))  # the iterator draws its base seed, the sampler its permutation
     world = dist.get_world_size()
-    ddp = model if args.grad_sync == "manual" else DDP(model)
+    ddp = model if args.grad_sync in ("manual", "p2p") else DDP(model)
     loss_fn = nn.MSELoss()
     for step in range(start, args.steps):
         progress["step"] = step
@@ -87,6 +104,8 @@ def main() -> None:
             for param in model.parameters():
                 dist.all_reduce(param.grad)
                 param.grad.div_(world)
+        if args.grad_sync == "p2p":
+            exchange_gradients(model, rank, world)
         # ---- user code between backward() and step() ----
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), max_norm=1.0)
         logged = loss.item()
