@@ -29,7 +29,6 @@ import time
 from typing import Any, Iterator
 
 from jitckpt.jit_event import JitReason
-from jitckpt.worker.console import short_error
 from jitckpt.worker.runtime import JitRuntime
 
 
@@ -48,11 +47,9 @@ def communicator_errors() -> Iterator[tuple[JitReason, str]]:
 
     Where each backend keeps one (looked up with ``getattr``, once per poll):
 
-    - a process group or backend with ``async_error()`` returning an exception
-      or None: Python process groups such as ``tests/nccl_order``'s, which
-      mirrors ``ncclCommGetAsyncError``: reason ``nccl-error``;
-    - a backend with ``get_error()`` returning ``torch.distributed``'s
-      ``ErrorType``: torch 2.13's ``ProcessGroupNCCL`` (``pg._get_backend(cuda)``);
+    - a process group or backend with ``get_error()`` returning
+      ``torch.distributed``'s ``ErrorType``: torch 2.13's ``ProcessGroupNCCL``
+      (``pg._get_backend(cuda)``), and ``tests/nccl_order``'s test backend;
       its own watchdog sets it from ``ncclCommGetAsyncError`` (``COMM_ERROR``:
       reason ``nccl-error``), from its collective timeout (``TIMEOUT``: ``hang``)
       and from another rank's error signal in the store (``REMOTE_ERROR``:
@@ -72,11 +69,7 @@ def communicator_errors() -> Iterator[tuple[JitReason, str]]:
     for group in groups:
         for name, source in _error_sources(group):
             try:
-                if hasattr(source, "async_error"):
-                    error = source.async_error()
-                    if error is not None:
-                        yield JitReason.NCCL_ERROR, f"{name} communicator error: {short_error(error)}"
-                elif hasattr(source, "get_error"):
+                if hasattr(source, "get_error"):
                     kind = getattr(source.get_error(), "name", "SUCCESS")
                     if kind == "TIMEOUT":
                         yield JitReason.HANG, f"{name} reports a collective timeout"
@@ -100,7 +93,7 @@ def _error_sources(group: Any) -> list[tuple[str, Any]]:
             sources.append((f"{type(group).__name__}[{device}]", group._get_backend(device)))
         except Exception:
             continue
-    return [(name, source) for name, source in sources if hasattr(source, "async_error") or hasattr(source, "get_error")]
+    return [(name, source) for name, source in sources if hasattr(source, "get_error")]
 
 
 class CollectiveWatchdog:
