@@ -66,13 +66,14 @@ MATRIX = [
 ]
 
 
-def _check_recovery(result, expected_sha: str, resumed_from: int, *, hang: bool = False) -> dict:
+def _check_recovery(result, expected_sha: str, resumed_from: int | tuple[int, ...], *, hang: bool = False) -> dict:
     assert result.returncode == 0, result.output[-4000:]
     assert result.sha == expected_sha, "parameters differ from the fault-free run\n" + result.output[-4000:]
     report = result.report
     assert report["outcome"] == "completed" and report["restarts"] == 1, report
     (failure,) = report["failures"]
-    assert failure["resumed_from_minibatch"] == resumed_from, failure
+    allowed = resumed_from if isinstance(resumed_from, tuple) else (resumed_from,)
+    assert failure["resumed_from_minibatch"] in allowed, failure
     assert failure["minibatches_redone"] == 1, failure
     if hang:
         assert any(d["how"] == "hang" for d in failure["detected_by"]), failure
@@ -112,11 +113,14 @@ def clip_gloo_sha() -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["kill", "stop"])
 def test_death_in_user_code_between_backward_and_step_under_nccl_ordering(tmp_path, clip_gloo_sha, how):
-    """The dying rank's all-reduce of minibatch 4 completed (its clip_grad_norm_ consumed it): the replicas
-    finish minibatch 4, block in a consumer of minibatch 5's all-reduce, and save 5."""
+    """Rank 1 dies after its backward, its clipping and ``loss.item()``, before ``optimizer.step()``.  As on
+    NCCL, nothing there waits for the all-reduce of minibatch 4 (the clipping is queued behind it, the loss
+    does not depend on it), so the rank may die before or after that all-reduce completed: the replicas
+    then save minibatch 4 (their pre-step waits for an all-reduce that fails) or finish it and save 5.
+    Either is bit-exact, with one minibatch redone."""
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=CLIP_SCRIPT,
                      args=[*CLIP_ARGS, *BACKEND, "--die", f"1:{STEP}:{how}"])
-    _check_recovery(result, clip_gloo_sha, STEP + 1, hang=how == "stop")
+    _check_recovery(result, clip_gloo_sha, (STEP, STEP + 1), hang=how == "stop")
     assert "no RNG state for rank" not in result.output, result.output[-4000:]
 
 
