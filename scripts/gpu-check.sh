@@ -16,7 +16,13 @@
 # (SIGSTOP, in the all-reduce); each must end with the reference's final
 # parameters, bit for bit, having redone one minibatch.
 #   - gloo over CUDA tensors, 3 ranks sharing the GPU(s);
-#   - NCCL, one GPU per rank, when there are at least 2 GPUs.
+#   - NCCL, one GPU per rank, when there are at least 2 GPUs; and there (issue 18)
+#     the scripts beyond DDP, each fault placed by the script itself: one
+#     that all-reduces its own gradients (killed, and frozen, between its
+#     all-reduces and optimizer.step()), one that exchanges them with
+#     batch_isend_irecv (frozen there), FSDP2 and ZeRO (SIGKILL, and SIGTERM
+#     as a preemption), HSDP with 4 or more GPUs.  Unverified: no machine with
+#     two GPUs has run this part yet.
 #
 # Transparent mode (issue 12; needs nvcc 13 and the nvidia-nccl-cu13 wheel, not
 # torch): examples/cuda_mlp built against the real CUDA runtime, 1 rank,
@@ -83,18 +89,27 @@ FAILED=0
 
 sha_of() { grep -o 'final parameters sha256 [0-9a-f]*' "$1" | tail -1 | awk '{print $4}'; }
 
-check() {  # check NAME NPROC FAULT TRAIN_ARGS...
-    local name=$1 nproc=$2 fault=$3; shift 3
-    local ref_log="$WORK/$name-reference.log" log="$WORK/$name.log" started ref sha
+check() {  # check NAME NPROC FAULT TRAIN_ARGS...: examples/train_mlp.py
+    check_script "$1" "$2" examples/train_mlp.py "$3" "${STEPS[@]}" "${@:4}"
+}
+
+check_script() {  # check_script NAME NPROC SCRIPT FAULT ARGS...: the reference run without FAULT's script options
+    local name=$1 nproc=$2 script=$3 fault=$4; shift 4
+    local ref_log="$WORK/$name-reference.log" log="$WORK/$name.log" started ref sha args=() a skip=0
+    for a in "$@"; do  # the reference drops the script's own fault options (--die X, --fault X)
+        if (( skip )); then skip=0; continue; fi
+        if [[ $a == --die || $a == --fault ]]; then skip=1; continue; fi
+        args+=("$a")
+    done
     started=$(date +%s.%N)
-    "$PY" -m torch.distributed.run --standalone --nproc_per_node "$nproc" examples/train_mlp.py \
-        "${STEPS[@]}" "$@" >"$ref_log" 2>&1
+    "$PY" -m torch.distributed.run --standalone --nproc_per_node "$nproc" "$script" \
+        "${args[@]}" >"$ref_log" 2>&1
     ref=$(sha_of "$ref_log")
     rm -rf "$WORK/$name-ckpt"
     "$PY" -m jitckpt --checkpoint-dir "$WORK/$name-ckpt" --hang-timeout 10 --save-grace 60 \
-        --report "$WORK/$name-report.json" --fault "$fault" \
-        torchrun --standalone --nproc_per_node "$nproc" --max-restarts 2 examples/train_mlp.py \
-        "${STEPS[@]}" "$@" >"$log" 2>&1
+        --report "$WORK/$name-report.json" ${fault:+--fault "$fault"} \
+        torchrun --standalone --nproc_per_node "$nproc" --max-restarts 2 "$script" \
+        "$@" >"$log" 2>&1
     local code=$?
     sha=$(sha_of "$log")
     local seconds
@@ -128,6 +143,19 @@ user_level_part() {
         echo "== user-level mode, NCCL, $N ranks, one GPU each"
         check nccl-kill "$N" "rank=1,step=5,phase=backward,kind=kill" --device cuda --backend nccl
         check nccl-hang "$N" "rank=$((N - 1)),step=7,phase=allreduce,kind=hang" --device cuda --backend nccl
+        echo "== user-level mode beyond DDP, NCCL, $N ranks (issue 18; faults placed by the scripts)"
+        local clip=tests/user_programs/clip_and_die.py gpu=(--device cuda --backend nccl)
+        check_script nccl-manual-kill "$N" $clip "" "${STEPS[@]}" "${gpu[@]}" --grad-sync manual --die "$((N - 1)):5:kill"
+        check_script nccl-manual-freeze "$N" $clip "" "${STEPS[@]}" "${gpu[@]}" --grad-sync manual --die "1:9:stop"
+        check_script nccl-p2p-freeze "$N" $clip "" "${STEPS[@]}" "${gpu[@]}" --grad-sync p2p --die "1:9:stop"
+        local sharded=tests/sharded_programs/train_sharded.py mode
+        for mode in fsdp zero; do
+            check_script "nccl-$mode-kill" "$N" $sharded "" --mode $mode --steps 10 "${gpu[@]}" --fault 1:5:KILL
+            check_script "nccl-$mode-sigterm" "$N" $sharded "" --mode $mode --steps 10 "${gpu[@]}" --fault 0:4:TERM
+        done
+        if [[ $N -ge 4 ]]; then
+            check_script nccl-hsdp-kill 4 $sharded "" --mode hsdp --steps 10 "${gpu[@]}" --fault 1:5:KILL
+        fi
     else
         echo "== NCCL: skipped (needs 2 or more GPUs, one per rank; this machine has $GPUS)"
     fi

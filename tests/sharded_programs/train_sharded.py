@@ -7,6 +7,9 @@
 --mode zero   DDP with ZeroRedundancyOptimizer: parameters replicated,
               optimizer state sharded.
 
+--backend, --device: gloo on CPU by default; ``--device cuda --backend nccl``
+(one GPU per rank) is what scripts/gpu-check.sh runs on two or more GPUs.
+
 --fault RANK:STEP:SIGNAL[:ATTEMPT] (repeatable): in torchrun restart ATTEMPT
 (default 0), rank RANK sends itself SIGNAL (KILL or TERM) at the start of
 minibatch STEP.  TERM is a preemption notice: jitckpt saves every rank.
@@ -38,25 +41,27 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mode", choices=["fsdp", "hsdp", "zero"], required=True)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--fault", action="append", default=[], help="RANK:STEP:SIGNAL[:ATTEMPT]")
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend (gloo, nccl, ncclorder)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: this rank's GPU (LOCAL_RANK)")
     return p.parse_args()
 
 
-def build(mode: str, world: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(mode: str, world: int, device: torch.device = torch.device("cpu")) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(1234)  # the same initial model on every rank; FSDP shards it
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).to(device)
     if mode == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(model)
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=1e-2)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     if mode == "hsdp":
-        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("replicate", "shard"))
     else:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
     for layer in model:
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
@@ -90,7 +95,7 @@ def use_jitckpt(mode: str, model: nn.Module, optimizer: torch.optim.Optimizer, p
     path = jitckpt.jit_get_checkpoint_path()
     if not path:
         return 0
-    state = torch.load(os.path.join(path, "state.pt"))
+    state = torch.load(os.path.join(path, "state.pt"), map_location=next(model.parameters()).device)
     with torch.no_grad():
         for name, value in model.state_dict().items():
             _local(value).copy_(state["model"][name])
@@ -132,22 +137,26 @@ def parameters_sha256(model: nn.Module) -> str:
     for name, value in model.state_dict().items():
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
         digest.update(name.encode())
-        digest.update(full.detach().contiguous().numpy().tobytes())
+        digest.update(full.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    model, optimizer = build(args.mode, world)
+    model, optimizer = build(args.mode, world, device)
     progress = {"step": 0}
     start = use_jitckpt(args.mode, model, optimizer, progress)
     loss_fn = nn.MSELoss()
     for step in range(start, args.steps):
         progress["step"] = step
         maybe_fault(args.fault, rank, step)
-        x, y = batch(step, rank)
+        x, y = (t.to(device) for t in batch(step, rank))
         optimizer.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
