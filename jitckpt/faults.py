@@ -9,7 +9,9 @@ Spec syntax (``jit-run --fault`` or ``JITCKPT_FAULT``), several separated by ``;
 - ``phase``: ``forward``, ``backward``, ``allreduce``, ``optimizer`` or ``save``
   (during the just-in-time save, on a healthy rank that is saving).
 - ``kind``: ``kill`` (SIGKILL: the process vanishes), ``hang`` (SIGSTOP: the
-  process freezes, sockets stay open), ``raise`` (a Python exception).
+  process freezes, sockets stay open), ``raise`` (a Python exception),
+  ``term`` (SIGTERM to itself: a preemption notice; jitckpt turns it into a
+  JIT save of every rank at the next safe point, and the job resumes from it).
 - ``attempt``: which torchrun restart the fault fires in (default 0, the first
   run), so a restarted job does not fail at the same place again.
 """
@@ -23,7 +25,7 @@ import signal
 from jitckpt import eventlog
 
 PHASES = ("forward", "backward", "allreduce", "optimizer", "save")
-KINDS = ("kill", "hang", "raise")
+KINDS = ("kill", "hang", "raise", "term")
 
 
 class InjectedFault(RuntimeError):
@@ -101,5 +103,7 @@ def fire(spec: FaultSpec) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     elif spec.kind == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)
+    elif spec.kind == "term":
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler records it; the process goes on to the next safe point
     else:
         raise InjectedFault(f"jitckpt injected fault: {spec}")

@@ -19,6 +19,7 @@ def test_fault_specs_parse():
         faults.FaultSpec(0, 9, "save", "hang", 1),
     ]
     assert faults.parse("") == []
+    assert faults.parse("rank=1,step=3,phase=optimizer,kind=term") == [faults.FaultSpec(1, 3, "optimizer", "term", 0)]
 
 
 @pytest.mark.parametrize(

@@ -17,8 +17,11 @@ minibatch STEP.  TERM is a preemption notice: jitckpt saves every rank.
 Every batch is a pure function of (step, rank) and there is no dropout, so a
 run is deterministic.  Each step ends with an all-reduce of the loss (for
 logging), as most training loops have.  The save function writes this rank's
-local shards only (no collective); rank 0 prints a SHA-256 of the full final
-parameters.
+local shards only (no collective); every rank prints a SHA-256 of its own
+local parameters (``rank R local parameters sha256 X``: its shards), and rank 0
+a SHA-256 of the full final parameters, except on a backend that cannot gather
+a DTensor (``ncclorder``: a Python ProcessGroup has no per-device backend, so
+``full_tensor()`` fails), where rank 0 says that it skips it.
 """
 
 from __future__ import annotations
@@ -141,12 +144,34 @@ def parameters_sha256(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def local_parameters_sha256(model: nn.Module) -> str:
+    """SHA-256 of this rank's own shards (no collective): equal shard by shard means equal parameters."""
+    digest = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(_local(value).detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+# Backends whose process group has no per-device backend, so DTensor cannot gather over it.
+CANNOT_GATHER = ("ncclorder",)
+
+
 def main() -> None:
     args = parse_args()
     device = torch.device("cpu")
     if args.device == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
+    if args.backend == "ncclorder":  # the strict test backend (tests/nccl_order), registered when asked for
+        import sys
+
+        tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if tests not in sys.path:
+            sys.path.insert(0, tests)
+        import nccl_order
+
+        nccl_order.register()
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optimizer = build(args.mode, world, device)
@@ -163,9 +188,15 @@ def main() -> None:
         logged = loss.detach().clone()
         dist.all_reduce(logged)
         optimizer.step()
-    sha = parameters_sha256(model)
-    if rank == 0:
-        print(f"final parameters sha256 {sha}", flush=True)
+    print(f"rank {rank} local parameters sha256 {local_parameters_sha256(model)}", flush=True)
+    if args.backend in CANNOT_GATHER and args.mode != "zero":
+        if rank == 0:
+            print(f"full parameters sha256 skipped: backend {args.backend} cannot gather DTensor shards "
+                  "(compare every rank's local parameters sha256)", flush=True)
+    else:
+        sha = parameters_sha256(model)
+        if rank == 0:
+            print(f"final parameters sha256 {sha}", flush=True)
     dist.destroy_process_group()
 
 
