@@ -115,3 +115,16 @@ def test_without_cuda_nothing_is_recorded_or_redirected(monkeypatch: pytest.Monk
     with save.off_the_blocked_stream():
         pass
     assert save._start.event is None
+
+
+def test_the_runtime_marks_the_start_of_every_minibatch(cuda: FakeCuda) -> None:
+    """The end of a minibatch's last optimizer step is where the next one starts: the event is recorded there."""
+    from jitckpt.worker.runtime import JitRuntime
+
+    rt = JitRuntime()
+    optimizer = object()
+    for _ in range(2):
+        rt.optimizer_pre_step(optimizer)
+        rt.optimizer_post_step(optimizer)
+    assert rt.step == 2
+    assert [c for c in cuda.calls if c[0] == "record"] == [("record", ("event1", "default"))] * 2

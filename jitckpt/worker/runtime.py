@@ -213,6 +213,7 @@ class JitRuntime:
     def _minibatch_done(self) -> None:
         self.step += 1
         self.phase = "forward"
+        save.note_minibatch_start()  # where a JIT save's side stream starts reading (CUDA only; else nothing)
         # (the pre-step hooks already stashed the RNG state this minibatch starts with)
         now = time.monotonic()
         if not self._first_step_after_start:
