@@ -6,6 +6,7 @@
 #   bash scripts/gpu-check.sh                    # every check that this machine can run
 #   bash scripts/gpu-check.sh user               # only the user-level part
 #   bash scripts/gpu-check.sh transparent        # only the transparent part
+#   bash scripts/gpu-check.sh save-stream        # only the JIT save's side-stream check (part of user)
 #   GPU_CHECK_EMULATOR=1 bash scripts/gpu-check.sh   # the transparent part on the CPU device
 #                                                # emulator, no GPU needed: checks this script itself
 #
@@ -62,8 +63,8 @@ PARTS=("$@")
 [[ ${#PARTS[@]} -eq 0 ]] && PARTS=(user transparent)
 for part in "${PARTS[@]}"; do
     case $part in
-        user|transparent) ;;
-        *) echo "gpu-check: unknown part '$part' (user, transparent)" >&2; exit 2 ;;
+        user|transparent|save-stream) ;;
+        *) echo "gpu-check: unknown part '$part' (user, transparent, save-stream)" >&2; exit 2 ;;
     esac
 done
 wants() { local p; for p in "${PARTS[@]}"; do [[ $p == "$1" ]] && return 0; done; return 1; }
@@ -123,6 +124,53 @@ check_script() {  # check_script NAME NPROC SCRIPT FAULT ARGS...: the reference 
     fi
 }
 
+save_stream_check() {  # issue 18, defect 4: the JIT save's copies never wait behind a blocked training stream
+    local log="$WORK/save-stream.log"
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" - >"$log" 2>&1 <<'PYEOF'
+"""The training stream is blocked (a kernel spinning seconds stands for the hung NCCL collective) with an update
+queued behind it; a thread then copies the parameters to the host, as a JIT save does: on the default stream
+(before: it waits for the spin and sees the update) and inside jitckpt's save stream (after)."""
+import threading, time
+import torch
+from jitckpt.worker import save
+
+torch.cuda.set_device(0)
+param = torch.randn(1 << 22, device="cuda")
+param.add_(0.0)                                   # load the kernel now: a first launch (lazy loading) synchronises
+start_state = param.cpu()
+save.note_minibatch_start()                       # the previous optimizer step is done
+torch.cuda._sleep(12_000_000_000)               # the hang, on the training stream: 12e9 cycles, 5-8 s
+param.add_(1.0)                                   # this minibatch's update, queued behind it
+
+def copy(side: bool, out: dict) -> None:
+    began = time.monotonic()
+    if side:
+        with save.off_the_blocked_stream():
+            out["host"] = param.cpu()
+    else:
+        out["host"] = param.cpu()
+    out["seconds"] = time.monotonic() - began
+
+for side in (True, False):
+    out: dict = {}
+    worker = threading.Thread(target=copy, args=(side, out))
+    worker.start()
+    worker.join()
+    same = torch.equal(out["host"], start_state)
+    print(f"{'side stream' if side else 'default stream'}: copied in {out['seconds']:.2f}s, "
+          f"{'start-of-minibatch state' if same else 'the queued update included'}")
+    if side:
+        ok = out["seconds"] < 1.0 and same
+print("RESULT", "ok" if ok else "bad")
+PYEOF
+    if grep -q "RESULT ok" "$log"; then
+        echo "PASS save-stream: $(grep 'side stream' "$log" | head -1); $(grep 'default stream' "$log" | head -1)"
+    else
+        echo "FAIL save-stream: (log $log)"; tail -20 "$log" | sed 's/^/    /'
+        FAILED=1
+    fi
+}
+
 user_level_part() {
     if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
         echo "FAIL user-level: torch here has no CUDA ($("$PY" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)):" \
@@ -134,6 +182,7 @@ user_level_part() {
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
     export CUBLAS_WORKSPACE_CONFIG=:4096:8   # deterministic cuBLAS: bit-for-bit comparisons
     STEPS=(--steps 24 --accum 2 --log-every 1000)
+    save_stream_check
 
     echo "== user-level mode, gloo over CUDA tensors, 3 ranks on $GPUS GPU(s)"
     check gloo-cuda-kill 3 "rank=1,step=5,phase=backward,kind=kill" --device cuda --backend gloo
@@ -387,6 +436,7 @@ transparent_part() {
 }
 
 wants user && user_level_part
+wants save-stream && ! wants user && save_stream_check
 wants transparent && transparent_part
 
 if [[ $FAILED -ne 0 ]]; then

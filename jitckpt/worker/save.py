@@ -47,6 +47,7 @@ class _MinibatchStart:
 
     event: Any = None  # torch.cuda.Event, re-recorded at every minibatch start; None where CUDA never started
     device: Any = None
+    stream: Any = None  # the save's side stream, made here, ahead of any hang (see note_minibatch_start)
 
 
 _start = _MinibatchStart()
@@ -59,6 +60,12 @@ def note_minibatch_start() -> None:
     writes the state that a JIT save of this minibatch saves; nothing of this
     minibatch's collectives is.  A few microseconds per minibatch; nothing at
     all where CUDA is not initialised.
+
+    The save's side stream is made here too, the first time: the first stream
+    taken from torch's pool initialises the pool, and on an H100 (torch 2.11)
+    that waited for the blocked default stream (2 s behind a spinning kernel,
+    and the copy then included the update queued behind it), where a stream
+    made before the hang did not (13 ms, the start-of-minibatch state).
     """
     cuda = sys.modules.get("torch.cuda")
     if cuda is None or not cuda.is_initialized():
@@ -66,6 +73,7 @@ def note_minibatch_start() -> None:
     if _start.event is None or _start.device != cuda.current_device():
         _start.device = cuda.current_device()
         _start.event = cuda.Event()
+        _start.stream = cuda.Stream()
     _start.event.record()
 
 
@@ -82,7 +90,9 @@ def off_the_blocked_stream() -> Iterator[None]:
     reads the parameters as the previous optimizer step left them, and the
     save synchronises only it.  Before the first minibatch ends there is no
     event: the parameters were written by the model's construction or the
-    resume's load, both finished on the host's side.  Unverified on GPU.
+    resume's load, both finished on the host's side.  Checked on an H100 with
+    one GPU (``scripts/gpu-check.sh save-stream``: a kernel spinning on the
+    training stream stands for the hang); NCCL across GPUs is unverified.
     """
     cuda = sys.modules.get("torch.cuda")
     if cuda is None or not cuda.is_initialized():
@@ -90,7 +100,7 @@ def off_the_blocked_stream() -> Iterator[None]:
         return
     device = _start.device if _start.device is not None else cuda.current_device()
     with cuda.device(device):
-        side = cuda.Stream()
+        side = _start.stream if _start.stream is not None else cuda.Stream()
         if _start.event is not None:
             side.wait_event(_start.event)
         with cuda.stream(side):
