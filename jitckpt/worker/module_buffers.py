@@ -69,8 +69,11 @@ class BufferSnapshots:
             self._taken.record()
         self.step = step
 
-    def rewind(self, step: int) -> bool:
-        """Put back the buffers of the start of minibatch ``step``; False if no copy of that step exists."""
+    def rewind(self, step: int, side: Any = None) -> bool:
+        """Put back the buffers of the start of minibatch ``step``; False if no copy of that step exists.
+
+        ``side``: the CUDA stream to copy on (the JIT save's, made before any hang); a new one if None.
+        """
         if self.step != step or not self._live:
             return False
         import torch
@@ -80,7 +83,7 @@ class BufferSnapshots:
             # gradient copy-back waits for it): a copy queued there would never run.  Rewind
             # on a side stream (torch's pool streams do not synchronise with the default
             # stream) that waits only for the snapshot itself.  Unverified on GPU.
-            side = torch.cuda.Stream(device=self._live[0].device)
+            side = side if side is not None else torch.cuda.Stream(device=self._live[0].device)
             if self._taken is not None:
                 side.wait_event(self._taken)
             with torch.no_grad(), torch.cuda.stream(side):

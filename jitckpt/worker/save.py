@@ -128,7 +128,7 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         # Which ranks hold this state (FSDP/DTensor, ZeRO, DDP): recorded in the metadata.
         pending = rt.store.begin_save(step, sharding.refresh(rt))
         # Forward passes of this minibatch may have updated BatchNorm statistics.
-        buffers_rewound = rt.buffer_snapshots.rewind(step)
+        buffers_rewound = rt.buffer_snapshots.rewind(step, _start.stream)
         _saving.active = True
         try:
             with off_the_blocked_stream():
