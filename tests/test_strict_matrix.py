@@ -49,8 +49,8 @@ The default manual-all-reduce case is issue 18's defect 1: rank 1 freezes at
 the entry of its gradient all-reduce of minibatch 4, so the other ranks' all-
 reduces never finish, while on NCCL rules their host runs ahead to
 ``optimizer.step()``.  Fixed in d4831ba (every collective holds the optimizer
-pre-step); the evidence of the run on d4831ba~1 is in ``test_default``'s
-docstring.
+pre-step); before it, this case completed with wrong parameters (the evidence
+is in ``test_default``'s docstring).
 """
 
 from __future__ import annotations
@@ -97,6 +97,14 @@ DEFAULT = [
     ("hsdp", "term", "optimizer"),
     ("zero", "hang", "forward"),
 ]
+
+# Cases seen ending with WRONG parameters, not fixed yet (docs/verification.md, "Strict-backend matrix (issue 18)").
+WRONG = {
+    ("zero", "term", "forward"): "DEFECT (2026-11-26, seen once): rank 1 preempted in the forward of minibatch 4, "
+                                 "ranks 0 and 2 saved on a failed DDP all-reduce, every rank resumed from minibatch 4 "
+                                 "and the job reported completed (exit 0) with every rank's parameters different "
+                                 "from the fault-free gloo run's",
+}
 
 LOCAL_SHA = re.compile(r"^rank (\d+) local parameters sha256 ([0-9a-f]{64})$", re.M)
 FULL_SHA = re.compile(r"final parameters sha256 ([0-9a-f]{64})")
@@ -175,6 +183,8 @@ def _params(default: bool) -> list:
             for phase in PHASES:
                 if ((mode, kind, phase) in DEFAULT) == default:
                     marks = [] if default else [pytest.mark.matrix]
+                    if (mode, kind, phase) in WRONG:
+                        marks.append(pytest.mark.xfail(strict=True, reason=WRONG[(mode, kind, phase)]))
                     cases.append(pytest.param(mode, kind, phase, marks=marks, id=f"{mode}-{kind}-{phase}"))
     return cases
 
@@ -184,8 +194,14 @@ def _params(default: bool) -> list:
 def test_default(tmp_path, mode, kind, phase):
     """The covering subset that runs by default (see the module docstring).
 
-    manual-hang-allreduce on the code before d4831ba (d4831ba~1's jitckpt/worker/instrument.py and
-    runtime.py): see docs/verification.md, "Strict-backend matrix (issue 18)".
+    ``manual-hang-allreduce`` fails on the code before d4831ba, and with wrong parameters: on a copy of
+    this tree with d4831ba~1's jitckpt/worker/instrument.py and runtime.py (2026-11-26), ranks 0 and 2
+    detected the hang (``torch.distributed.all_reduce in flight for 3.2s``), saved minibatch 4, the job
+    resumed from it and reported ``completed (exit code 0)``, one minibatch redone, but its final
+    parameters sha256 was 6756abd6...6be8e172 instead of the fault-free gloo run's 376a8571...54066c96:
+    issue 18's defect 1 (before d4831ba a script's own all-reduce did not hold the optimizer pre-step, so
+    ``optimizer.step()``, which the host reaches ahead of the hung all-reduce, was not held back before
+    the save).  With d4831ba it ends bit-exact.
     """
     check(tmp_path, mode, kind, phase)
 
@@ -204,3 +220,4 @@ def test_the_table_covers_the_matrix_and_the_default_subset_covers_what_it_must(
     manual = [(k, p) for m, k, p in DEFAULT if m == "manual"]
     assert manual and manual[0][0] in ("kill", "hang") and manual[0][1] in ("optimizer", "allreduce")
     assert set(EXPECTED.values()) <= {"resume", "fresh", "refuse"}
+    assert not set(WRONG) & set(DEFAULT), "the default subset must pass"
