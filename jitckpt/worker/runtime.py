@@ -102,6 +102,8 @@ class JitRuntime:
         # In-flight collectives whose end is polled (NCCL-like backends: their Work, or an event after it), not their future's.
         self._polled: dict[int, PolledWork] = {}
         self._gradient: set[int] = set()  # in flight and a gradient collective (the optimizer pre-step waits)
+        self._issued_in: dict[int, int] = {}  # in flight: token -> the minibatch it was issued in
+        self._failed_tokens: set[int] = set()  # in flight for good: they failed
         self._optimizer_entered_for: int | None = None  # the step whose pre-step wait the training thread passed
         self.park_requested = threading.Event()
         self.main_parked = threading.Event()
@@ -321,6 +323,7 @@ class JitRuntime:
         token = next(self._tokens)
         with self._lock:
             self._in_flight[token] = (time.monotonic(), what)
+            self._issued_in[token] = self.step
             if work is not None:
                 self._polled[token] = PolledWork(work)
             if gradient:
@@ -330,6 +333,7 @@ class JitRuntime:
     def untrack(self, token: int) -> None:
         with self._lock:
             self._in_flight.pop(token, None)
+            self._issued_in.pop(token, None)
             self._polled.pop(token, None)
             self._gradient.discard(token)
 
@@ -337,6 +341,7 @@ class JitRuntime:
         """A tracked collective failed: it stays in flight for good (nothing behind it may run), unpolled."""
         with self._lock:
             self._polled.pop(token, None)
+            self._failed_tokens.add(token)
 
     def _retire_if_complete(self, token: int) -> bool:
         """Untrack ``token`` if its collective finished; True if it did.
@@ -689,7 +694,42 @@ class JitRuntime:
                 eventlog.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error="no safe point reached")
                 os._exit(config.JIT_SAVE_FAILED_EXIT_CODE)
             time.sleep(0.01)
+        self._wait_for_earlier_minibatches(deadline)
         os._exit(save.save_checkpoint(self, reason, detail))
+
+    def _wait_for_earlier_minibatches(self, deadline: float) -> None:
+        """Before saving "start of minibatch i": every collective issued in an earlier minibatch has completed.
+
+        The optimizer step of minibatch i-1 may issue collectives that change
+        parameters (ZeRO's broadcast of each owner's updated shard); on NCCL
+        and NCCL-like backends the host is past them at enqueue and may reach
+        a safe point of minibatch i (a preemption's park in its forward)
+        while they are still on the device.  A save then would hold other
+        ranks' shards as they were before i-1's update: a resume that is
+        silently wrong (found with ZeRO and SIGTERM in the forward on the
+        ``ncclorder`` test backend).  So the save waits for them (polling,
+        as the optimizer pre-step does); one that failed, or that is still
+        in flight at the save's deadline, means this rank's parameters are
+        partly updated: the save is refused.
+        """
+        while True:
+            with self._lock:
+                earlier = [t for t, step in self._issued_in.items() if step < self.step]
+                failed = [self._in_flight[t][1] for t in earlier if t in self._failed_tokens]
+                polled = [t for t in earlier if t in self._polled]
+            if failed:
+                self._refuse(f"{failed[0]}, issued in an earlier minibatch, failed: the parameters it would "
+                             f"have updated are not those of minibatch {self.step}")
+            for token in polled:  # the others end through their completion path (a future's callback)
+                self._retire_if_complete(token)
+            with self._lock:
+                left = [self._in_flight[t][1] for t, step in self._issued_in.items() if step < self.step]
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                self._refuse(f"{left[0]}, issued in an earlier minibatch, has not completed: the parameters it "
+                             f"updates may not be those of minibatch {self.step}")
+            time.sleep(0.005)
 
     def jit_event_started(self) -> bool:
         """True once a JIT event has been raised in this process (its save thread then ends the process)."""
