@@ -117,12 +117,12 @@ def _sha(output: str) -> str | None:
     return found[-1] if found else None
 
 
-def test_two_nodes_recover_from_a_dead_worker_bit_exact(tmp_path, fault_free_sha):
+def test_two_nodes_recover_from_a_dead_worker_bit_exact(tmp_path):
     results = _run_two_nodes(tmp_path, "rank=2,step=5,phase=backward,kind=kill")
     for code, output, _ in results:
         assert code == 0, output[-4000:]
     shas = [_sha(output) for _, output, _ in results]
-    assert fault_free_sha in shas, [output[-3000:] for _, output, _ in results]
+    assert reference_sha(4) in shas, [output[-3000:] for _, output, _ in results]  # 2 nodes x 2 ranks
     for _, output, report in results:
         assert report is not None, output[-3000:]
         (failure,) = report["failures"]
@@ -158,7 +158,7 @@ def test_a_lost_node_is_replaced_and_training_ends_bit_exact(tmp_path):
     # (DESIGN decision 15).  With it the job goes on and the report of the node that
     # holds them says "not bit-exact"; with no dropout the parameters still match.
     train_args = ["--steps", "40", "--dropout", "0"]
-    reference_hash = reference_sha(args=train_args)
+    reference_hash = reference_sha(4, args=train_args)  # 2 nodes x 2 ranks
     allow = ["--allow-inexact-resume"]
 
     port = _free_port()
