@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from jitckpt import config
 from jitckpt.jit_event import JitReason
-from jitckpt.worker import ddp_layout, resume, sharding, skipped_steps
+from jitckpt.worker import ddp_layout, fsdp_layout, resume, sharding, skipped_steps
 from jitckpt.worker.runtime import JitRuntime
 from jitckpt.worker.save import in_jit_save
 
@@ -133,6 +133,7 @@ def install(runtime: JitRuntime) -> None:
     _patch_collectives(runtime)
     _patch_ddp(runtime)
     _patch_functional_collectives_when_imported(runtime)
+    fsdp_layout.install(runtime)  # a JIT save sees FSDP2's sharded parameters, never a swap half done
     ddp_layout.install(lambda: resume.locate(runtime))
     _install_excepthook(runtime)
     _watch_batch_fetches(runtime)

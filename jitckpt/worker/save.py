@@ -23,7 +23,7 @@ from jitckpt import config, eventlog
 from jitckpt.jit_event import JitReason
 from jitckpt.native import interposer
 from jitckpt.store.base import PendingCheckpoint
-from jitckpt.worker import ddp_layout, sharding, stash
+from jitckpt.worker import ddp_layout, fsdp_layout, sharding, stash
 from jitckpt.worker.console import log
 
 if TYPE_CHECKING:
@@ -129,6 +129,10 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         pending = rt.store.begin_save(step, sharding.refresh(rt))
         # Forward passes of this minibatch may have updated BatchNorm statistics.
         buffers_rewound = rt.buffer_snapshots.rewind(step, _start.stream)
+        resharded = fsdp_layout.freeze()
+        if resharded:
+            log(f"{resharded} FSDP2 parameter group(s) were unsharded ({phase}): their shards, the state at the "
+                f"start of minibatch {step}, are what is saved")
         _saving.active = True
         try:
             with off_the_blocked_stream():
