@@ -1,10 +1,12 @@
 """``jit-run --transparent``: checked by doctor first, one device proxy per rank, on the CPU emulator.
 
-- refusals before anything starts (exit status 2), naming each reason and
-  function: a program that calls functions ``libjitckpt_remote.so`` refuses,
-  one that imports the driver API, a program that does not exist, one with no
-  CUDA at all, a Python job on a CPU-only PyTorch; options of the other mode;
-  native parts not built;
+- refusals before anything starts (exit status 2), naming each reason: a
+  program that does not exist, one with no CUDA at all, a Python job on a
+  CPU-only PyTorch; options of the other mode; native parts not built;
+- refusals when called, not when loaded (issue 19): a function
+  ``libjitckpt_remote.so`` refuses returns an error naming it; a driver call,
+  and a library's static CUDA runtime opening the driver, stop the job there,
+  naming the library; linked but never called, the program runs;
 - the command rewrite: torchrun starts ``jitckpt-proxy --socket DIR/rank-%r.sock
   ... -- PROGRAM ARGS`` for every worker, DIR private and removed at exit;
 - ``jitckpt-proxy``'s ``%r``/``%l``/``%%`` in ``--socket`` (spawn mode);
@@ -87,6 +89,36 @@ int main(void)
 """
 
 
+STATIC_RUNTIME_LIBRARY = r"""
+/* A library with its own copy of the CUDA runtime, as cuBLAS has: a local runtime function that opens the
+ * driver at its first call (doctor reads the local definition). */
+#include <dlfcn.h>
+__attribute__((noinline, used)) static int cudaGetDeviceCount(int *count)
+{
+    void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    *count = driver != 0;
+    return driver == 0 ? 100 : 0;
+}
+int staticrt_devices(void) { int n = 0; return cudaGetDeviceCount(&n) == 0 ? n : -1; }
+"""
+
+USES_STATIC_RUNTIME = r"""
+/* Links the library above; calls it only when given an argument. */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+int staticrt_devices(void);
+int main(int argc, char **argv)
+{
+    void *p = NULL;
+    printf("PROGRAM RAN: %d\n", (int)cudaMalloc(&p, 16));
+    fflush(stdout);
+    if (argc > 1)
+        printf("devices %d\n", staticrt_devices());
+    return 0;
+}
+"""
+
+
 @pytest.fixture(scope="session")
 def built() -> None:
     """The proxy, the remote library, the emulator and the CUDA example, built."""
@@ -146,26 +178,54 @@ def refused(result: subprocess.CompletedProcess) -> str:
 # ---- refusals --------------------------------------------------------------------------------------
 
 
-def test_refuses_a_program_calling_functions_the_remote_library_refuses(refused_program: Path) -> None:
-    err = refused(jit_run("--transparent", "torchrun", "--standalone", "--nproc_per_node", "2", "--no-python",
-                          str(refused_program)))
-    assert f"transparent mode cannot run {refused_program}" in err
-    for name in ("cudaMallocArray", "cudaMemPoolCreate"):
-        reason = "not marshalled by remote mode yet"
-        assert re.search(rf"{name}(@libcudart.so.13)? \(in refused\): transparent mode refuses {name}: {reason}",
-                         err), err
-    assert f"jit-run doctor {refused_program}" in err
-    # doctor says the same on its own
+def test_functions_the_remote_library_refuses_are_refused_when_called(refused_program: Path) -> None:
+    """Not at load time (issue 19): the program runs, and each refused call returns an error that names it."""
+    result = jit_run("--transparent", "torchrun", "--standalone", "--nproc_per_node", "2", "--no-python",
+                     str(refused_program))
+    err = result.stderr
+    assert result.stdout.count("PROGRAM RAN: operation not supported") == 2, result.stdout + err
+    assert "cudaMallocArray is not supported in transparent mode (not marshalled by remote mode yet)" in err, err
+    assert "cudaMemPoolCreate is not supported in transparent mode" in err, err
+    assert result.returncode != 0  # the program's own status: its cudaMemPoolCreate failed
+    # doctor names them as refused when called
     doctor = jit_run("doctor", str(refused_program))
     assert doctor.returncode == 0
-    assert "transparent mode NOT SUPPORTED (2 CUDA runtime functions not covered (cudaMallocArray, " \
-           "cudaMemPoolCreate))" in doctor.stdout
-    assert "transparent mode refuses cudaMallocArray: not marshalled by remote mode yet" in doctor.stdout
+    assert "transparent mode OK" in doctor.stdout, doctor.stdout
+    assert "refused when called: 2 CUDA runtime functions refused when called (cudaMallocArray, " \
+           "cudaMemPoolCreate)" in " ".join(doctor.stdout.split()), doctor.stdout
 
 
-def test_refuses_the_driver_api(driver_program: Path) -> None:
-    err = refused(jit_run("--transparent", str(driver_program)))
-    assert "imports the CUDA driver API (cuInit)" in err and "not interposed" in err
+def test_a_driver_call_stops_the_job_naming_it(driver_program: Path) -> None:
+    """A direct driver call would reach the GPU past the proxy: the job stops at it (interpose/remote/bypass.c)."""
+    result = jit_run("--transparent", str(driver_program))
+    err = result.stderr
+    assert result.returncode != 0 and "PROGRAM RAN" not in result.stdout, result.stdout + err
+    assert re.search(r"stopping the job: driver called the CUDA driver function cuInit: it would reach the CUDA "
+                     r"driver in the worker, past the device proxy", err), err
+    assert "jit-run doctor driver" in err
+
+
+def test_a_static_runtime_library_is_refused_when_it_opens_the_driver_not_when_linked(built, tmp_path: Path) -> None:
+    """A library with its own static CUDA runtime (as cuBLAS has): linked and unused, the job runs; called, it
+    stops at the library's dlopen of libcuda.so.1, naming the library."""
+    (tmp_path / "static_rt.c").write_text(STATIC_RUNTIME_LIBRARY)
+    library = tmp_path / "libstaticrt.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(library), str(tmp_path / "static_rt.c"), "-ldl"],
+                   check=True)
+    program = gcc(tmp_path, "uses_static_rt", USES_STATIC_RUNTIME, str(library), f"-Wl,-rpath,{tmp_path}")
+    doctor = jit_run("doctor", "--json", str(program))
+    transparent = __import__("json").loads(doctor.stdout)["verdict"]["transparent"]
+    assert transparent["status"] == "ok" and any(
+        c.startswith("refused when called: libstaticrt.so has its own static CUDA runtime") for c in transparent["caveats"]
+    ), transparent
+    unused = jit_run("--transparent", str(program))
+    assert unused.returncode == 0 and "PROGRAM RAN: 0" in unused.stdout, unused.stdout + unused.stderr
+    assert "stopping the job" not in unused.stderr
+    used = jit_run("--transparent", str(program), "use-the-library")
+    assert used.returncode != 0 and "PROGRAM RAN: 0" in used.stdout, used.stdout + used.stderr
+    assert "devices" not in used.stdout  # stopped inside the library's call
+    assert 'stopping the job: libstaticrt.so opened the CUDA driver (dlopen("libcuda.so.1"): a static CUDA ' \
+           "runtime waking up, or direct driver calls)" in used.stderr, used.stderr
 
 
 def test_refuses_what_it_cannot_find_or_has_nothing_to_intercept(built, tmp_path: Path) -> None:

@@ -180,6 +180,10 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim,
 void remote_refuse(const char *name, const char *reason);
 cudaError_t remote_refuse_call(const char *name, const char *condition);
 void rlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* bypass.c: a driver function called (the generated driver_guard.c): stops the job, naming it and its caller */
+void remote_driver_called(const char *function, const void *caller) __attribute__((noreturn));
+/* bypass.c: around a pure function of the real library (1 before, 0 after): it finds no CUDA driver */
+void remote_pure_call(int entering);
 
 /* refuse.c too: pure functions (cudaGetErrorString) called in-process */
 enum { remote_next_cudart, remote_next_nccl };

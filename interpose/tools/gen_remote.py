@@ -268,10 +268,14 @@ def refusal(name: str, proto, reason: str) -> str:
 def local_call(name: str, proto, library: str) -> str:
     args = ", ".join(p.name for p in proto.params)
     lookup = "remote_next_cudart" if library == "cudart" else "remote_next_nccl"
-    ret = "" if proto.ret == "void" else "return "
+    # Inside the call the real library finds no CUDA driver (remote/bypass.c): a pure function answers
+    # without one, and the worker never reaches the real driver.
+    call = (f"    remote_pure_call(1);\n    next({args});\n    remote_pure_call(0);\n" if proto.ret == "void" else
+            f"    remote_pure_call(1);\n    {proto.ret} pure_result = next({args});\n    remote_pure_call(0);\n"
+            f"    return pure_result;\n")
     return (f"EXPORT {proto.decl()}\n{{\n    static void *fn;\n"
             f"    __typeof__({name}) *next = (__typeof__({name}) *)remote_local_fn(&fn, {c_str(name)}, {lookup});\n"
-            f"    {ret}next({args});\n}}\n")
+            + call + "}\n")
 
 
 def twin_stub(function, functions: dict) -> str:

@@ -485,10 +485,15 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
                         "rebuild against CUDA 13")
         passthrough.append(reason)
         transparent.append(reason)
+    # Refused when called, not when loaded (issue 19): libjitckpt_remote.so stops the job at the call that
+    # would reach the driver (remote/bypass.c: dlopen of libcuda, every driver function) and refuses each
+    # runtime/NCCL function it cannot marshal by name; a library that is linked but never called is no reason.
+    when_called: list[Reason] = []
     static_deps = [o for o in objects[1:] if o.static_runtime and o.role not in (ROLE_NCCL, ROLE_EMULATED_NCCL)]
     for o in static_deps:
-        transparent.append(Reason(f"{o.obj.name} has its own static CUDA runtime",
-                                  "; ".join(o.static_runtime) + ". Its GPU work would bypass the device proxy"))
+        when_called.append(Reason(f"{o.obj.name} has its own static CUDA runtime",
+                                  "; ".join(o.static_runtime) + ". Its GPU work would bypass the device proxy: "
+                                  "the job stops at its first call that opens the CUDA driver"))
     if static_deps and not runtime_imports and not root.static_runtime:
         passthrough.append(Reason("no CUDA runtime call goes through libcudart.so",
                                   "the GPU work is done by libraries with their own static runtime ("
@@ -502,15 +507,15 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
         if i.symbol.category in (CUBLAS, CUDNN, CUDA_LIBRARY) and (i.bound_to or "") not in seen_static:
             library_calls.setdefault(CATEGORY_TITLES[i.symbol.category], set()).add(i.bound_to or i.symbol.name)
     for title, providers in sorted(library_calls.items()):
-        transparent.append(Reason(f"calls the {title} API ({', '.join(sorted(providers))})",
-                                  f"not interposed: {title} does its GPU work through its own static copy of the "
-                                  "runtime, out of the device proxy's reach"))
+        when_called.append(Reason(f"calls the {title} API ({', '.join(sorted(providers))})",
+                                  f"not forwarded: {title} does its GPU work through its own static copy of the "
+                                  "runtime, out of the device proxy's reach; the job stops when it opens the driver"))
     driver = sorted({i.symbol.name for i in imports if i.symbol.category == DRIVER})
     if driver:
         users = sorted({i.importer for i in imports if i.symbol.category == DRIVER})
-        transparent.append(Reason(f"imports the CUDA driver API ({_sample(driver, 3)})",
-                                  f"in {', '.join(users)}; driver calls are not interposed (runtime-level "
-                                  "interposition only), so they would run in the worker instead of the device proxy"))
+        when_called.append(Reason(f"imports the CUDA driver API ({_sample(driver, 3)})",
+                                  f"in {', '.join(users)}; driver calls are not forwarded (runtime-level "
+                                  "interposition only): the job stops at the first one, naming it"))
         p_caveats.append(f"driver-API calls ({_sample(driver, 3)}) run unwatched, straight to libcuda.so.1")
     for o in objects:
         if o.static_nccl:
@@ -520,13 +525,19 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
                                           "its collectives never reach libnccl.so, so the watchdog cannot see them"))
     for category in (RUNTIME, NCCL):
         uncovered = sorted({i.symbol.name for i in imports if i.symbol.category == category and i.status == "not covered"})
+        refused_by_name = [n for n in uncovered if coverage.refusal(n) is not None]
+        if refused_by_name:  # exported by the remote library as a refusal: an error return when called
+            plural = "s" if len(refused_by_name) != 1 else ""
+            when_called.append(Reason(
+                f"{len(refused_by_name)} {CATEGORY_TITLES[category]} function{plural} refused when called "
+                f"({_sample(refused_by_name)})",
+                "each returns an error naming it (" + ", ".join(f"{n}: {coverage.refusal(n)}" for n in refused_by_name)
+                + ")"))
+        uncovered = [n for n in uncovered if coverage.refusal(n) is None]
         if uncovered:
             plural = "s" if len(uncovered) != 1 else ""
-            refusals = [f"{n} ({coverage.refusal(n)})" for n in uncovered if coverage.refusal(n) is not None]
             detail = ("transparent mode must forward every call to the device proxy, and jitckpt does not "
                       "implement these")
-            if refusals:
-                detail += "; libjitckpt_remote.so refuses " + ", ".join(refusals)
             transparent.append(Reason(f"{len(uncovered)} {CATEGORY_TITLES[category]} function{plural} not covered "
                                       f"({_sample(uncovered)})", detail))
             p_caveats.append(f"{len(uncovered)} {CATEGORY_TITLES[category]} function{plural} "
@@ -561,9 +572,14 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
         t_status = "unknown"
     elif not transparent:
         covered = [i for i in imports if i.status == "covered"]
-        transparent.append(Reason("every imported CUDA runtime and NCCL function is covered",
-                                  f"{len(covered)} imports, all in jitckpt's coverage list; no driver-API "
-                                  "imports and no static copies of the runtime"))
+        if when_called:
+            transparent.append(Reason("every imported CUDA runtime and NCCL function is forwarded or refused by name "
+                                      "when called", f"{len(covered)} imports in jitckpt's coverage list"))
+            t_caveats.extend(f"refused when called: {r.short}: {r.detail}" for r in when_called)
+        else:
+            transparent.append(Reason("every imported CUDA runtime and NCCL function is covered",
+                                      f"{len(covered)} imports, all in jitckpt's coverage list; no driver-API "
+                                      "imports and no static copies of the runtime"))
         t_status = "ok"
         placeholders = sorted({i.symbol.name for i in covered if coverage.remote.get(i.symbol.name) == "placeholder"})
         if placeholders:
@@ -575,6 +591,8 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
         if unjudged:
             t_caveats.append(f"{coverage.missing}, so whether jitckpt covers the {unjudged} imported CUDA runtime/NCCL "
                              "functions was not checked either")
+    if t_status != "ok":
+        t_caveats.extend(f"also refused when called: {r.short}: {r.detail}" for r in when_called)
     return ModeVerdict(p_status, passthrough, p_caveats), ModeVerdict(t_status, transparent, t_caveats)
 
 
