@@ -9,7 +9,8 @@ The native parts are C, built by ``make`` with gcc (nothing needs nvcc):
 They compile against two sets of headers, looked for in this order:
 
 * the **CUDA 13 runtime headers** (``cuda_runtime_api.h`` and the ``crt/``
-  headers it includes, ``cuda_profiler_api.h``, and ``nv/target``, which
+  headers it includes, ``cuda_profiler_api.h``, ``cuda.h`` (the driver API,
+  which transparent mode fences), and ``nv/target``, which
   ``nccl.h`` pulls in through ``cuda_fp16.h``): ``$CUDA_INCLUDE`` if set;
   else the CUDA toolkit's, ``$CUDA_HOME/include`` (default
   ``/usr/local/cuda``); else NVIDIA's header wheels (``nvidia-cuda-runtime``,
@@ -81,8 +82,9 @@ ENV_HEADER_WHEELS = "JITCKPT_HEADER_WHEELS"
 CUDA_HEADER_WHEELS = ("nvidia-cuda-runtime>=13,<14", "nvidia-cuda-crt>=13,<14", "nvidia-cuda-cccl>=13,<14",
                       "nvidia-cuda-profiler-api>=13,<14")
 NCCL_HEADER_WHEEL = "nvidia-nccl-cu13>=2.27"
-# The CUDA headers the sources include (directly, or through cuda_runtime_api.h and nccl.h).
-CUDA_HEADERS = ("cuda_runtime_api.h", "crt/host_defines.h", "cuda_profiler_api.h")
+# The CUDA headers the sources include (directly, or through cuda_runtime_api.h and nccl.h); cuda.h is read
+# by interpose/tools/gen_driver_guard.py (every driver function, fenced in transparent mode).
+CUDA_HEADERS = ("cuda_runtime_api.h", "crt/host_defines.h", "cuda_profiler_api.h", "cuda.h")
 NV_TARGET = "nv/target"
 
 
