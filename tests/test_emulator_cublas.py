@@ -128,7 +128,8 @@ EXPECTED_STATUS = {
 # their results must be the same bits.
 SAME_BITS = [
     {"sgemm_NN", "sgemm_NN_legacy", "sgemm_NN_device_scalars", "gemmex_32f_NN",
-     "sgemm_host_scalars_copied", "sgemm_device_scalars_read_late"},
+     "sgemm_host_scalars_copied", "sgemm_device_scalars_read_late", "sgemm_NN_captured"},
+    {"dgemm_batched_TN", "dgemm_batched_TN_captured"},
     {"sgemm_TN", "sgemm_CN"},
     {"sgemm_TT", "gemmex_32f_fast_tf32_TT"},
     {"dgemm_TT", "dgemm_TT_legacy_device_scalars"},
@@ -247,7 +248,7 @@ def test_make_skips_libcublas_with_a_note_without_the_header(emulator, tmp_path)
 
 def test_every_gemm_variant_matches_the_reference_and_the_fixed_summation_order(runs):
     found = variants(runs[0])
-    assert len(found) == 31, sorted(found)
+    assert len(found) == 33, sorted(found)
     for name, v in found.items():
         tolerance = 1e-9 if name.startswith(("dgemm", "gemmex_64f", "gemmex_batched_64f")) else 1e-3
         # maxdiff is NaN if a NaN in C survived a beta = 0 GEMM: the comparison fails.
@@ -263,9 +264,10 @@ def test_results_are_bit_identical_across_runs(runs):
 
 def test_same_inputs_give_the_same_bits_on_any_stream_pointer_mode_and_entry_point(runs):
     """Includes the timing variants: host scalars are copied at the call (the
-    program overwrites alpha right after it, while the stream is busy), and
+    program overwrites alpha right after it, while the stream is busy),
     device scalars are read when the job runs (a stream-ordered copy queued
-    before the GEMM sets alpha)."""
+    before the GEMM sets alpha), and a GEMM captured into a graph runs at the
+    launch, not at the capture (the program checks that C is untouched before)."""
     found = variants(runs[0])
     for group in SAME_BITS:
         assert len({found[name]["hash"] for name in group}) == 1, {name: found[name]["hash"] for name in group}

@@ -81,8 +81,10 @@ enum api { SGEMM, DGEMM, SBATCHED, DBATCHED, EX, EX_BATCHED };
  * while the GEMM is queued, then (HOST_CHANGED) the host alpha is overwritten
  * right after the call -- the result must use the old value -- or
  * (DEVICE_WRITTEN) the device alpha is written by a stream-ordered copy queued
- * before the GEMM -- the result must use the new value. */
-enum timing { NORMAL, HOST_CHANGED, DEVICE_WRITTEN };
+ * before the GEMM -- the result must use the new value.  CAPTURED: the GEMM is
+ * captured into a graph (as PyTorch's CUDA graphs do); it must not run before
+ * the graph is launched. */
+enum timing { NORMAL, HOST_CHANGED, DEVICE_WRITTEN, CAPTURED };
 
 struct variant {
     const char *name;
@@ -118,6 +120,8 @@ static const struct variant variants[] = {
     {"sgemm_alpha0",             SGEMM,      0, N, T, 20, 10, 12, 1, 0.0, 2.0, 0, 0, 0, 0, 8, NORMAL},
     {"sgemm_host_scalars_copied", SGEMM,     0, N, N, 37, 29, 53, 1, 1.5, -0.5, 0, 0, 0, 0, 1, HOST_CHANGED},
     {"sgemm_device_scalars_read_late", SGEMM, 0, N, N, 37, 29, 53, 1, 1.5, -0.5, 0, 1, 0, 0, 1, DEVICE_WRITTEN},
+    {"sgemm_NN_captured",        SGEMM,      0, N, N, 37, 29, 53, 1, 1.5, -0.5, 0, 0, 0, 0, 1, CAPTURED},
+    {"dgemm_batched_TN_captured", DBATCHED,  1, T, N, 23, 19, 31, 3, 0.5, 1.0, 0, 0, 0, 0, 23, CAPTURED},
     {"dgemm_NN",                 DGEMM,      1, N, N, 37, 29, 53, 1, 1.5, -0.5, 0, 0, 0, 0, 11, NORMAL},
     {"dgemm_NT",                 DGEMM,      1, N, T, 37, 29, 53, 1, 1.5, -0.5, 0, 0, 0, 0, 12, NORMAL},
     {"dgemm_TN",                 DGEMM,      1, T, N, 37, 29, 53, 1, 1.5, -0.5, 0, 0, 0, 0, 13, NORMAL},
@@ -264,7 +268,24 @@ static void run_variant(cublasHandle_t h, cudaStream_t stream, const struct vari
         memcpy(pinned, &alpha, es);
         CHECK_CUDA(cudaMemcpyAsync(dScalars, pinned, es, cudaMemcpyHostToDevice, s));
     }
+    cudaGraph_t graph = NULL;
+    if (v->timing == CAPTURED)
+        CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     CHECK_BLAS(call(h, v, pa, dA, la.ld, la.stride, dB, lb.ld, lb.stride, pb, dC, lc.ld, lc.stride));
+    if (v->timing == CAPTURED) {
+        CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+        CHECK_CUDA(cudaMemcpy(hC, dC, lc.total * es, cudaMemcpyDeviceToHost));
+        if (memcmp(hC, hC0, lc.total * es) != 0) {
+            fprintf(stderr, "%s: the captured GEMM ran before its graph was launched\n", v->name);
+            exit(1);
+        }
+        cudaGraphExec_t exec;
+        CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        CHECK_CUDA(cudaGraphLaunch(exec, s));
+        CHECK_CUDA(cudaStreamSynchronize(s));
+        CHECK_CUDA(cudaGraphExecDestroy(exec));
+        CHECK_CUDA(cudaGraphDestroy(graph));
+    }
     union scalar used_alpha = alpha;
     if (v->timing == HOST_CHANGED)
         alpha = wrong;          /* the queued GEMM must have copied the old value */
