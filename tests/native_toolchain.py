@@ -63,3 +63,23 @@ def build_emulator() -> Path:
     proc = subprocess.run(["make", "-C", str(EMULATOR), "-j2"], capture_output=True, text=True)
     assert proc.returncode == 0, f"make -C emulator failed:\n{proc.stdout}\n{proc.stderr}"
     return EMULATOR_BUILD
+
+
+def cublas_include() -> Path | None:
+    """cuBLAS's headers (cublas_api.h), where the Makefiles look for them: $CUBLAS_INCLUDE, the nvidia-cublas
+    wheel (nvidia/cu13/include), the copy scripts/setup.sh caches."""
+    candidates = [os.environ.get("CUBLAS_INCLUDE", "")]
+    spec = importlib.util.find_spec("nvidia.cu13")
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [str(Path(p) / "include") for p in spec.submodule_search_locations]
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    candidates.append(str(Path(cache) / "jitckpt" / "cublas-13" / "include"))
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "cublas_api.h").is_file():
+            return Path(candidate)
+    return None
+
+
+CUBLAS_INCLUDE = cublas_include()
+REQUIRES_CUBLAS_HEADER = pytest.mark.skipif(
+    CUBLAS_INCLUDE is None, reason="cuBLAS's cublas_api.h not found: scripts/setup.sh caches it (or set CUBLAS_INCLUDE)")

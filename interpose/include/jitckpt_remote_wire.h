@@ -56,6 +56,7 @@ enum remote_handle_kind {
     VH_GRAPH,
     VH_GRAPH_EXEC,
     VH_FUNC,
+    VH_BLAS,            /* a cuBLAS handle (issue 19) */
     VH_NKINDS
 };
 

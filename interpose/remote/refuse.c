@@ -62,7 +62,7 @@ cudaError_t remote_refuse_call(const char *name, const char *condition)
 {
     if (first_time(name))
         rlog("this call of %s is not supported in transparent mode (its arguments match: %s); "
-             "it returns cudaErrorNotSupported", name, condition);
+             "it returns its library's \"not supported\" error (cudaErrorNotSupported, CUBLAS_STATUS_NOT_SUPPORTED)", name, condition);
     return cudaErrorNotSupported;
 }
 
@@ -71,10 +71,11 @@ void *remote_local_fn(void **cache, const char *name, int lib)
     void *fn = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
     if (fn)
         return fn;
-    fn = lib == remote_next_cudart ? dlvsym(RTLD_NEXT, name, "libcudart.so.13") : dlsym(RTLD_NEXT, name);
+    const char *soname = lib == remote_next_cudart ? "libcudart.so.13"
+                         : lib == remote_next_cublas ? "libcublas.so.13" : "libnccl.so.2";
+    fn = lib == remote_next_nccl ? dlsym(RTLD_NEXT, name) : dlvsym(RTLD_NEXT, name, soname);
     if (fn == NULL) {
-        rlog("%s: no %s is loaded after this library; aborting", name,
-             lib == remote_next_cudart ? "libcudart.so.13" : "libnccl.so.2");
+        rlog("%s: no %s is loaded after this library; aborting", name, soname);
         abort();
     }
     __atomic_store_n(cache, fn, __ATOMIC_RELEASE);

@@ -25,6 +25,9 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#ifdef JITCKPT_REMOTE_CUBLAS      /* the build forwards cuBLAS (interpose/Makefile: CUBLAS_INCLUDE) */
+#include <cublas_api.h>
+#endif
 
 #include "jitckpt_remote_wire.h"
 #include "remote_fns.h"
@@ -186,7 +189,16 @@ void remote_driver_called(const char *function, const void *caller) __attribute_
 void remote_pure_call(int entering);
 
 /* refuse.c too: pure functions (cudaGetErrorString) called in-process */
-enum { remote_next_cudart, remote_next_nccl };
+enum { remote_next_cudart, remote_next_nccl, remote_next_cublas };
+#ifdef JITCKPT_REMOTE_CUBLAS
+/* blas.c: each cuBLAS handle's pointer mode and stream, as the worker set them */
+void remote_blas_created(cublasHandle_t *h);
+void remote_blas_destroyed(cublasHandle_t h);
+void remote_blas_set_pointer_mode(cublasHandle_t h, cublasPointerMode_t mode);
+void remote_blas_set_stream(cublasHandle_t h, cudaStream_t stream);
+size_t remote_blas_scalar_bytes(cublasHandle_t h, const void *scalar, size_t host_bytes); /* 0: crosses as is */
+int remote_blas_get_stream(cublasHandle_t h, cudaStream_t *stream);
+#endif
 void *remote_local_fn(void **cache, const char *name, int lib);
 
 #endif

@@ -708,8 +708,22 @@ static int32_t restart_locked(struct rcall *c)
     return err;
 }
 
+/* Live cuBLAS handles (issue 19; blas.c counts them): a new proxy cannot re-create them yet, so no restart
+ * while one exists. */
+static long blas_handles;
+
+void remote_track_blas_handles(int delta)
+{
+    blas_handles += delta;
+}
+
 static int32_t restart_locked_inner(struct rcall *c)
 {
+    if (blas_handles > 0) {
+        rlog("proxy restart refused: %ld cuBLAS handle%s, which a new proxy cannot re-create yet", blas_handles,
+             blas_handles == 1 ? "" : "s");
+        return cudaErrorNotSupported;
+    }
     for (size_t i = 0; i < n_comms; i++)
         if (comms[i].nranks != 1 && remote_recovery_enabled()) {
             /* Other ranks share the communicator: the recovery's re-rendezvous (recover.c) rebuilds

@@ -475,3 +475,46 @@ for _name, _since in NCCL_SINCE.items():
     NCCL[_name] = replace(NCCL[_name], since=_since)
 
 FACTS: dict[str, Fact] = {**CUDART, **NCCL}
+
+# ---- cuBLAS (issue 19): forwarded at the library level when the build has cuBLAS's header -------------
+# (gen_interpose.py --cublas-header; NVIDIA's nvidia-cublas wheel, cached by scripts/setup.sh).  Only
+# transparent mode uses this table: the worker's cuBLAS calls go to the device proxy, whose libcublas runs
+# them on the proxy's streams.  The handle is a virtual handle like a stream; the matrices and the workspace
+# are device memory; the scalars alpha and beta are host memory copied with the call in host pointer mode and
+# device addresses in device pointer mode (interpose/remote/blas.c keeps each handle's mode, and its stream
+# for cublasGetStream_v2).  Every other function of cublas_api.h is refused by name.
+_SCALAR_OF_COMPUTE = ("(computeType == CUBLAS_COMPUTE_64F || computeType == CUBLAS_COMPUTE_64F_PEDANTIC) ? 8 : "
+                      "(computeType == CUBLAS_COMPUTE_16F || computeType == CUBLAS_COMPUTE_16F_PEDANTIC) ? 2 : 4")
+_BLAS = {"handle": "blas"}
+_NO_RECOVERY = ('remote_recovery_off("cublas", "the program created a cuBLAS handle, which a proxy restart does '
+                'not re-create yet")')
+
+
+def _gemm(scalar: str) -> Fact:
+    return Fact(remote="gen", handles=_BLAS, device=("A", "B", "C"), mode="async",
+                host_in={name: f"remote_blas_scalar_bytes(handle, {name}, {scalar})" for name in ("alpha", "beta")})
+
+
+CUBLAS: dict[str, Fact] = {
+    "cublasCreate_v2": Fact(remote="gen", creates=_BLAS, mode="sync",
+                            after=f"if (jr_ret == 0) {{ remote_blas_created(handle); {_NO_RECOVERY}; }}"),
+    "cublasDestroy_v2": Fact(remote="gen", handles=_BLAS, destroys=("handle",), mode="sync",
+                             after="if (jr_ret == 0) remote_blas_destroyed(handle)"),
+    "cublasGetVersion_v2": Fact(remote="gen", handles=_BLAS, outputs=("version",), mode="sync"),
+    "cublasSetStream_v2": Fact(remote="gen", handles={**_BLAS, "streamId": "stream"}, mode="sync",
+                               after="if (jr_ret == 0) remote_blas_set_stream(handle, streamId)"),
+    "cublasGetStream_v2": Fact(remote="gen", handles=_BLAS, outputs=("streamId",), mode="sync",
+                               answer_locally="remote_blas_get_stream(handle, streamId)"),
+    "cublasSetMathMode": Fact(remote="gen", handles=_BLAS, mode="sync"),
+    "cublasGetMathMode": Fact(remote="gen", handles=_BLAS, outputs=("mode",), mode="sync"),
+    "cublasSetPointerMode_v2": Fact(remote="gen", handles=_BLAS, mode="sync",
+                                    after="if (jr_ret == 0) remote_blas_set_pointer_mode(handle, mode)"),
+    "cublasGetPointerMode_v2": Fact(remote="gen", handles=_BLAS, outputs=("mode",), mode="sync"),
+    "cublasSetWorkspace_v2": Fact(remote="gen", handles=_BLAS, device=("workspace",), mode="sync"),
+    "cublasSgemm_v2": _gemm("sizeof(float)"),
+    "cublasDgemm_v2": _gemm("sizeof(double)"),
+    "cublasSgemmStridedBatched": _gemm("sizeof(float)"),
+    "cublasDgemmStridedBatched": _gemm("sizeof(double)"),
+    "cublasGemmEx": _gemm(_SCALAR_OF_COMPUTE),
+    "cublasGemmStridedBatchedEx": _gemm(_SCALAR_OF_COMPUTE),
+}

@@ -53,12 +53,12 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_facts import FACTS, HIDDEN_HAND, Fact  # noqa: E402
+from api_facts import CUBLAS, FACTS, HIDDEN_HAND, Fact  # noqa: E402
 import gen_remote  # noqa: E402
 
 GENERATOR = "interpose/tools/gen_interpose.py"
 CONTROL_NODE = "JITCKPT_INTERPOSE_1"
-CUDART, NCCL = "cudart", "nccl"
+CUDART, NCCL, CUBLAS_LIB = "cudart", "nccl", "cublas"
 NOT_FOUND = {CUDART: "cudaErrorSharedObjectSymbolNotFound", NCCL: "ncclSystemError"}
 
 
@@ -171,6 +171,34 @@ def parse_nccl_header(path: Path) -> dict[str, Proto]:
     if len(protos) < 40:
         raise GenError(f"{path}: only {len(protos)} NCCL prototypes parsed; header format changed?")
     return protos
+
+
+def parse_cublas_header(path: Path) -> dict[str, Proto]:
+    """The prototypes of cuBLAS's cublas_api.h (``cublasStatus_t CUBLASWINAPI cublasSgemm_v2(...)``)."""
+    text = strip_comments(path.read_text(encoding="utf-8", errors="replace"))
+    protos: dict[str, Proto] = {}
+    decl = re.compile(r"^[ \t]*((?:const\s+)?\w+(?:\s*\*)*)\s*\bCUBLASWINAPI\s+(cublas\w+)\s*\(([^;{}]*)\)\s*;",
+                      re.S | re.M)
+    for m in decl.finditer(text):
+        params = parse_params(m.group(3), m.group(2))
+        if params is not None and m.group(2) not in protos:
+            protos[m.group(2)] = Proto(normalize_type(m.group(1)), m.group(2), params)
+    if len(protos) < 100:
+        raise GenError(f"{path}: only {len(protos)} cuBLAS prototypes parsed; is it cuBLAS's cublas_api.h?")
+    return protos
+
+
+def describe_cublas(path: Path) -> tuple[dict[str, "Function"], dict[str, Proto]]:
+    """(the cuBLAS functions transparent mode forwards, every prototype of the header)."""
+    protos = parse_cublas_header(path)
+    functions = {}
+    for name, fact in CUBLAS.items():
+        if name not in protos:
+            raise GenError(f"{name}: in the cuBLAS facts table (interpose/tools/api_facts.py) but not declared "
+                           f"by {path}")
+        check_fact(name, protos[name], fact)
+        functions[name] = Function(name, CUBLAS_LIB, protos[name], fact, "")
+    return functions, protos
 
 
 def version_code(major: int, minor: int, patch: int) -> int:
@@ -401,7 +429,9 @@ def remote_column(remote_files: dict[str, str], functions: dict[str, Function]) 
     promise what the library refuses.
     """
     ids = re.findall(r"^    RFN_(\w+),$", remote_files["remote_fns.h"], flags=re.M)
-    handled = {name: REMOTE_MARSHALLED if name in functions and functions[name].fact.remote == "gen" else REMOTE_HAND
+    generated = {n for n, f in functions.items() if f.fact.remote == "gen"} | {
+        n for n, f in CUBLAS.items() if f.remote == "gen"}
+    handled = {name: REMOTE_MARSHALLED if name in generated else REMOTE_HAND
                for name in ids if name not in ("none", "count")}
     stubs = remote_files["remote_stubs.c"]
     for name in re.findall(r'remote_local_fn\(&fn, "(\w+)"', stubs):
@@ -446,6 +476,8 @@ def coverage(functions: dict[str, Function], soname: str, remote: tuple[dict[str
     names = {name for f in functions.values() for name, _ in f.flavours()} | set(handled) | set(refused)
 
     def row(name: str) -> tuple[str, str | None]:
+        if name.startswith("cublas"):
+            return CUBLAS_LIB, "libcublas.so.13"
         library = NCCL if name.startswith(("nccl", "pnccl")) else CUDART
         return library, soname if library == CUDART else None
 
@@ -496,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nccl-header", type=Path, required=True)
     parser.add_argument("--control-header", type=Path, required=True)
     parser.add_argument("--cudart-soname", default="libcudart.so.13")
+    parser.add_argument("--cublas-header", type=Path, default=None,
+                        help="cuBLAS's cublas_api.h: transparent mode then forwards cuBLAS (api_facts.CUBLAS); "
+                             "without it every cuBLAS call meets the driver fence")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--remote", action="store_true",
                         help="write the remote-mode files instead (gen_remote.py): the worker stubs of "
@@ -540,9 +575,14 @@ def remote_files(args: argparse.Namespace, functions: dict[str, Function], facts
     names = gen_remote.header_names(strip_comments(args.cuda_header.read_text(errors="replace")))
     names |= gen_remote.header_names(strip_comments(args.nccl_header.read_text(errors="replace")))
     inputs = [args.cuda_header, args.nccl_header, facts_file, Path(gen_remote.__file__)]
+    blas: dict[str, Proto] = {}
+    if args.cublas_header is not None:
+        blas_functions, blas = describe_cublas(args.cublas_header)
+        functions = {**functions, **blas_functions}
+        inputs.insert(2, args.cublas_header)
     return gen_remote.generate(functions, cuda, nccl, twins, names, newer, HIDDEN_HAND,
                                banner("Remote mode (transparent mode): see proxy_server/README.md.", inputs),
-                               args.cudart_soname)
+                               args.cudart_soname, blas)
 
 
 def remote_main(args: argparse.Namespace, facts_file: Path) -> int:

@@ -36,9 +36,11 @@ HANDLE_TYPES = {
     "cudaUserObject_t": "", "cudaGraphicsResource_t": "", "cudaExternalMemory_t": "",
     "cudaExternalSemaphore_t": "", "cudaAsyncCallbackHandle_t": "", "cudaLogsCallbackHandle": "",
     "ncclComm_t": "comm", "cudaGraphDeviceNode_t": "", "cudaMemFabricHandle_t": "",
+    "cublasHandle_t": "blas",
 }
 KIND_ENUM = {"stream": "VH_STREAM", "event": "VH_EVENT", "kernel": "VH_KERNEL", "module": "VH_MODULE",
-             "comm": "VH_COMM", "graph": "VH_GRAPH", "graph_exec": "VH_GRAPH_EXEC", "func": "VH_FUNC"}
+             "comm": "VH_COMM", "graph": "VH_GRAPH", "graph_exec": "VH_GRAPH_EXEC", "func": "VH_FUNC",
+             "blas": "VH_BLAS"}
 # Functions whose stub tells remote/restart.c (track.h) what it created or destroyed, after a
 # successful call: the state a restarted proxy is given back (milestone 2b).
 TRACKED = {"cudaSetDevice", "cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaStreamCreateWithFlags",
@@ -60,7 +62,12 @@ PTDS_VIA_ASYNC = {"cudaMemcpy": ("cudaMemcpyAsync", True), "cudaMemcpy2D": ("cud
                   "cudaMemcpyFromSymbol": ("cudaMemcpyFromSymbolAsync", True),
                   "cudaMemset": ("cudaMemsetAsync", False), "cudaMemset2D": ("cudaMemset2DAsync", False),
                   "cudaMemcpyPeer": ("cudaMemcpyPeerAsync", True)}
-ERROR_TYPES = {"cudaError_t": "cudaErrorNotSupported", "ncclResult_t": "ncclInvalidUsage"}
+ERROR_TYPES = {"cudaError_t": "cudaErrorNotSupported", "ncclResult_t": "ncclInvalidUsage",
+               "cublasStatus_t": "CUBLAS_STATUS_NOT_SUPPORTED"}
+# What a call returns when there is no proxy to call (remote_begin failed).
+UNAVAILABLE = {"ncclResult_t": "ncclSystemError", "cublasStatus_t": "CUBLAS_STATUS_NOT_INITIALIZED"}
+# Where the real library's pure functions are looked up (remote_local_fn in refuse.c).
+NEXT_LIBRARY = {"cudart": "remote_next_cudart", "nccl": "remote_next_nccl", "cublas": "remote_next_cublas"}
 HIDDEN_PROTOS = {
     "__cudaRegisterFatBinary": "void **__cudaRegisterFatBinary(void *fatCubin)",
     "__cudaRegisterFatBinaryEnd": "void __cudaRegisterFatBinaryEnd(void **fatCubinHandle)",
@@ -147,14 +154,15 @@ def worker_stub(function, rfn: str) -> str:
                   f"        return remote_copy_h2h(dst, src, count, {fact.local_h2h});"]
     if fact.remote_check:
         refuse = f"remote_refuse_call({c_str(function.name)}, {c_str(fact.remote_check)})"
-        if proto.ret == "ncclResult_t":
-            lines += [f"    if ({fact.remote_check}) {{", f"        {refuse};", "        return ncclInvalidUsage;", "    }"]
+        if proto.ret != "cudaError_t":
+            lines += [f"    if ({fact.remote_check}) {{", f"        {refuse};", f"        return {ERROR_TYPES[proto.ret]};",
+                      "    }"]
         else:
             lines += [f"    if ({fact.remote_check})", f"        return {refuse};"]
     for p, (cls, detail) in zip(proto.params, classes):
         if cls == "handle" and detail == "stream":      # cudaStreamPerThread: this thread's own (remote/ptds.c)
             lines.append(f"    {p.name} = remote_stream({p.name});")
-    unavailable = "ncclSystemError" if proto.ret == "ncclResult_t" else "remote_unavailable()"
+    unavailable = UNAVAILABLE.get(proto.ret, "remote_unavailable()")
     lines += ["    struct rcall jr_c;", f"    if (remote_begin(&jr_c, {rfn}) != 0)", f"        return {unavailable};"]
     for p, (cls, detail) in zip(proto.params, classes):
         if cls in ("value", "device", "host_in", "host_out", "host_inout"):
@@ -197,7 +205,8 @@ def proxy_dispatch_fn(function) -> str:
     proto, fact = function.proto, function.fact
     ok = ok_expr(proto)
     classes = classify(function)
-    bad_handle = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "cudaErrorInvalidResourceHandle"
+    bad_handle = {"ncclResult_t": "ncclInvalidArgument", "cublasStatus_t": "CUBLAS_STATUS_NOT_INITIALIZED"}.get(
+        proto.ret, "cudaErrorInvalidResourceHandle")
     bad = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "RD_BAD"
     lines = [f"static int32_t d_{function.name}(struct rdisp *jr_d)", "{",
              f"    if (real_{function.name} == NULL)      /* not in the library loaded (dispatch_resolve) */",
@@ -258,7 +267,8 @@ def refusal(name: str, proto, reason: str) -> str:
     if proto is None:
         # No usable prototype: the caller's arguments are ignored and the int result
         # (cudaError_t or ncclResult_t in every such function the ABI has) is the error.
-        err = "ncclInvalidUsage" if name.startswith(("nccl", "pnccl")) else "cudaErrorNotSupported"
+        err = ("ncclInvalidUsage" if name.startswith(("nccl", "pnccl")) else
+               "CUBLAS_STATUS_NOT_SUPPORTED" if name.startswith("cublas") else "cudaErrorNotSupported")
         return (f"EXPORT int {name}(void)\n{{\n    remote_refuse({c_str(name)}, {c_str(reason)});\n"
                 f"    return {err};\n}}\n")
     return (f"EXPORT {proto.decl()}\n{{\n    remote_refuse({c_str(name)}, {c_str(reason)});\n"
@@ -267,7 +277,7 @@ def refusal(name: str, proto, reason: str) -> str:
 
 def local_call(name: str, proto, library: str) -> str:
     args = ", ".join(p.name for p in proto.params)
-    lookup = "remote_next_cudart" if library == "cudart" else "remote_next_nccl"
+    lookup = NEXT_LIBRARY[library]
     # Inside the call the real library finds no CUDA driver (remote/bypass.c): a pure function answers
     # without one, and the worker never reaches the real driver.
     call = (f"    remote_pure_call(1);\n    next({args});\n    remote_pure_call(0);\n" if proto.ret == "void" else
@@ -314,8 +324,14 @@ HAND_TWINS = {"cudaLaunchKernelExC"}
 
 
 def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: set[str], newer: dict[str, str],
-             hand: tuple[str, ...], banner: str, soname: str) -> dict[str, str]:
+             hand: tuple[str, ...], banner: str, soname: str, blas: dict | None = None) -> dict[str, str]:
     """The remote files, by name.
+
+    ``blas``: every prototype of cuBLAS's header when the build forwards cuBLAS
+    (its marshalled functions are in ``functions``, library "cublas"): the
+    others are exported as refusals, all under the version node
+    ``libcublas.so.13``, so that no cuBLAS call reaches a real cuBLAS in the
+    worker.
 
     ``newer`` maps the facts table's NCCL functions that the header is too old
     to declare to the reason a call of one is refused (with its ``pnccl``
@@ -352,15 +368,18 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
             exported.append((f.twin, f.library))
             done.add(f.twin)
     skipped: list[str] = []
-    for name in sorted(set(cuda) | set(nccl)):
+    blas = blas or {}
+    for name in sorted(set(cuda) | set(nccl) | set(blas)):
         if name in done:
             continue
-        proto = cuda.get(name) or nccl.get(name)
-        library = "nccl" if name in nccl else "cudart"
+        proto = cuda.get(name) or nccl.get(name) or blas.get(name)
+        library = "nccl" if name in nccl else "cublas" if name in blas else "cudart"
         fact = functions.get(name)
         if proto.ret in ERROR_TYPES:
             reason = fact.fact.refused if fact and fact.fact.refused else "not marshalled by remote mode yet"
-            stubs.append(refusal(name, proto, reason))
+            # cuBLAS's half-precision prototypes are declared for C++ only: refused without a prototype in C.
+            cxx_only = any(t in p.type for p in proto.params for t in ("__half", "__nv_bfloat16"))
+            stubs.append(refusal(name, None if cxx_only else proto, reason))
         elif proto.ret == "const char *" and any(p.type in HANDLE_TYPES for p in proto.params):
             # A string about a handle (ncclGetLastError(comm)): the handle is virtual here.
             stubs.append(f"EXPORT {proto.decl()}\n{{\n    remote_refuse({c_str(name)}, \"not marshalled by remote "
@@ -400,8 +419,10 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
     stubs.append("/* Not exported (they bind to the real library; none touches device state): "
                  + ", ".join(skipped) + " */\n")
     cuda_exports = sorted({n for n, lib in exported if lib == "cudart"} | {n for n in hand_names if not n.startswith("nccl")})
+    blas_exports = sorted(n for n, lib in exported if lib == "cublas")
+    blas_node = ["libcublas.so.13 {", "  global:", *[f"    {n};" for n in blas_exports], "};", ""] if blas_exports else []
     mapfile = "\n".join([banner.rstrip("\n"), f"{soname} {{", "  global:", *[f"    {n};" for n in cuda_exports],
-                         "};", "", "JITCKPT_REMOTE_1 {", "  global:", "    jitckpt_remote_*;",
+                         "};", "", *blas_node, "JITCKPT_REMOTE_1 {", "  global:", "    jitckpt_remote_*;",
                          "    jitckpt_phase_*;", "};", ""])
 
     disp = [banner, '#include "dispatch.h"', ""]
@@ -417,9 +438,9 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
     disp += ["};", "",
              "/* Resolves the real functions; returns how many the loaded libraries lack.  A missing",
              " * one is no error here: the program's call of it fails, naming it (dispatch_missing). */",
-             "int dispatch_resolve(void *cudart, void *nccl)", "{", "    int missing = 0;"]
+             "int dispatch_resolve(void *cudart, void *nccl, void *cublas)", "{", "    int missing = 0;"]
     for name in syms:
-        lib = "nccl" if name.startswith("nccl") else "cudart"
+        lib = "nccl" if name.startswith("nccl") else "cublas" if name.startswith("cublas") else "cudart"
         disp.append(f"    if ((real_{name} = (__typeof__({name}) *)proxy_sym({lib}, {c_str(name)})) == NULL)\n"
                     f"        missing += dispatch_note_missing({c_str(name)});")
     disp += ["    return missing;", "}", ""]

@@ -298,7 +298,9 @@ def _judge(imp: Import, coverage: Coverage) -> tuple[str, str]:
     """(status, reason) of one import against jitckpt's coverage."""
     if imp.category == DRIVER:
         return "not interposed", "driver API: jitckpt interposes at the runtime level only"
-    if imp.category in (CUBLAS, CUDNN, CUDA_LIBRARY):
+    if imp.category == CUBLAS and coverage.lookup(CUBLAS):
+        pass  # this build forwards cuBLAS to the device proxy (issue 19): judged as the runtime is, below
+    elif imp.category in (CUBLAS, CUDNN, CUDA_LIBRARY):
         return "not interposed", (f"{CATEGORY_TITLES[imp.category]} API: not interposed; the library does its "
                                   "GPU work through its own static copy of the runtime")
     if not coverage.known:
@@ -489,8 +491,12 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
     # would reach the driver (remote/bypass.c: dlopen of libcuda, every driver function) and refuses each
     # runtime/NCCL function it cannot marshal by name; a library that is linked but never called is no reason.
     when_called: list[Reason] = []
+    t_notes: list[str] = []  # what transparent mode does with a library, said whatever the verdict
     static_deps = [o for o in objects[1:] if o.static_runtime and o.role not in (ROLE_NCCL, ROLE_EMULATED_NCCL)]
+    blas_forwarded = bool(coverage.lookup(CUBLAS))
     for o in static_deps:
+        if blas_forwarded and o.obj.file_name_starts(("libcublas.so",)):
+            continue  # its API is forwarded (below): the worker never calls into it
         when_called.append(Reason(f"{o.obj.name} has its own static CUDA runtime",
                                   "; ".join(o.static_runtime) + ". Its GPU work would bypass the device proxy: "
                                   "the job stops at its first call that opens the CUDA driver"))
@@ -504,6 +510,8 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
     seen_static = {o.obj.name for o in static_deps}
     library_calls: dict[str, set[str]] = {}
     for i in imports:
+        if i.symbol.category == CUBLAS and blas_forwarded:
+            continue  # forwarded, or refused by name (below)
         if i.symbol.category in (CUBLAS, CUDNN, CUDA_LIBRARY) and (i.bound_to or "") not in seen_static:
             library_calls.setdefault(CATEGORY_TITLES[i.symbol.category], set()).add(i.bound_to or i.symbol.name)
     for title, providers in sorted(library_calls.items()):
@@ -523,7 +531,14 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
             if o is root:
                 passthrough.append(Reason(f"{o.obj.name} contains its own copy of NCCL",
                                           "its collectives never reach libnccl.so, so the watchdog cannot see them"))
-    for category in (RUNTIME, NCCL):
+    if blas_forwarded:
+        blas_imports = sorted({i.symbol.name for i in imports if i.symbol.category == CUBLAS})
+        forwarded = [n for n in blas_imports if n in coverage.lookup(CUBLAS)]
+        if blas_imports:
+            t_notes.append(f"cuBLAS is forwarded to the device proxy: {len(forwarded)} of the {len(blas_imports)} "
+                           f"cuBLAS functions imported ({_sample(forwarded, 3) or 'none'}); the others are refused "
+                           "by name when called")
+    for category in (RUNTIME, NCCL, CUBLAS):
         uncovered = sorted({i.symbol.name for i in imports if i.symbol.category == category and i.status == "not covered"})
         refused_by_name = [n for n in uncovered if coverage.refusal(n) is not None]
         if refused_by_name:  # exported by the remote library as a refusal: an error return when called
@@ -534,7 +549,14 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
                 "each returns an error naming it (" + ", ".join(f"{n}: {coverage.refusal(n)}" for n in refused_by_name)
                 + ")"))
         uncovered = [n for n in uncovered if coverage.refusal(n) is None]
-        if uncovered:
+        if uncovered and category == CUBLAS:
+            # Not in cublas_api.h (cuBLASLt's API): they run in a library with its own static runtime, which
+            # the driver fence stops at its first call (remote/bypass.c), naming it.
+            plural = "s" if len(uncovered) != 1 else ""
+            when_called.append(Reason(f"{len(uncovered)} cuBLAS function{plural} not forwarded ({_sample(uncovered)})",
+                                      "their library's own static CUDA runtime would run them in the worker: the "
+                                      "job stops when it opens the CUDA driver"))
+        elif uncovered:
             plural = "s" if len(uncovered) != 1 else ""
             detail = ("transparent mode must forward every call to the device proxy, and jitckpt does not "
                       "implement these")
@@ -593,6 +615,7 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
                              "functions was not checked either")
     if t_status != "ok":
         t_caveats.extend(f"also refused when called: {r.short}: {r.detail}" for r in when_called)
+    t_caveats[:0] = t_notes
     return ModeVerdict(p_status, passthrough, p_caveats), ModeVerdict(t_status, transparent, t_caveats)
 
 

@@ -177,13 +177,16 @@ def parse_command(command: list[str]) -> Job:
 
 
 def worker_command(job: Job, proxy: Path, socket_template: str, preload: Path,
-                   cudart: Optional[str] = None, nccl: Optional[str] = None) -> list[str]:
+                   cudart: Optional[str] = None, nccl: Optional[str] = None,
+                   cublas: Optional[str] = None) -> list[str]:
     """The command that starts the job: torchrun (or, bare, one proxy) with every worker behind its own proxy."""
     behind_proxy = [str(proxy), "--socket", socket_template]
     if cudart:
         behind_proxy += ["--cudart", cudart]
     if nccl:
         behind_proxy += ["--nccl", nccl]
+    if cublas:
+        behind_proxy += ["--cublas", cublas]
     behind_proxy += ["--preload", str(preload), "--", *job.program]
     if job.torchrun_options is None:
         return behind_proxy
@@ -275,24 +278,31 @@ def check_python(job: Job, env: dict[str, str]) -> tuple[list[str], Any]:
 
 CUDART_SONAME = "libcudart.so.13"
 NCCL_SONAME = "libnccl.so.2"
+CUBLAS_SONAME = "libcublas.so.13"
 
 
 @dataclass
 class ProxyLibraries:
-    """The CUDA runtime and NCCL every proxy of the job loads, each with how it was chosen."""
+    """The CUDA runtime, NCCL and cuBLAS every proxy of the job loads, each with how it was chosen."""
 
     cudart: str
     cudart_how: str
     nccl: Optional[str]        # None: none found, and the program does not use NCCL
     nccl_how: str
+    cublas: Optional[str] = None   # None: the program loads none (its cuBLAS calls, if any, fail by name)
+    cublas_how: str = ""
 
     def line(self) -> str:
         """The one line jit-run says about them."""
         if self.nccl is None:
-            return f"proxy: CUDA runtime {self.cudart} ({self.cudart_how}), no NCCL ({self.nccl_how})"
-        if self.nccl_how == self.cudart_how:
-            return f"proxy: CUDA runtime {self.cudart}, NCCL {self.nccl} (both {self.cudart_how})"
-        return f"proxy: CUDA runtime {self.cudart} ({self.cudart_how}), NCCL {self.nccl} ({self.nccl_how})"
+            line = f"proxy: CUDA runtime {self.cudart} ({self.cudart_how}), no NCCL ({self.nccl_how})"
+        elif self.nccl_how == self.cudart_how:
+            line = f"proxy: CUDA runtime {self.cudart}, NCCL {self.nccl} (both {self.cudart_how})"
+        else:
+            line = f"proxy: CUDA runtime {self.cudart} ({self.cudart_how}), NCCL {self.nccl} ({self.nccl_how})"
+        if self.cublas is not None:
+            line += f"; cuBLAS {self.cublas}" + ("" if self.cublas_how == self.cudart_how else f" ({self.cublas_how})")
+        return line
 
 
 @dataclass
@@ -381,7 +391,10 @@ def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) ->
 
         build = emulator.library_dir()
         how = f"the CPU device emulator: --emulated-gpus {args.emulated_gpus}"
-        return ProxyLibraries(str(build / CUDART_SONAME), how, str(build / NCCL_SONAME), how)
+        cublas = build / CUBLAS_SONAME  # (for a program that loads cuBLAS)
+        uses_cublas = cublas.exists() and report is not None and _in_closure(report, CUBLAS_SONAME) is not None
+        return ProxyLibraries(str(build / CUDART_SONAME), how, str(build / NCCL_SONAME), how,
+                              str(cublas) if uses_cublas else None, how)
     cudart = _choose(args.proxy_cudart, "--proxy-cudart", CUDART_SONAME, report, env)
     if cudart is None:
         where = _searched(report, env) if report is not None else "nothing (no analysis of the program)"
@@ -397,10 +410,16 @@ def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) ->
                       f"({emulated.path}, {emulated.how}) with the real {Path(real.path).name} ({real.path}, "
                       f"{real.how}), which cannot work together: put both of one kind first on LD_LIBRARY_PATH, name "
                       "them with --proxy-cudart and --proxy-nccl, or give --emulated-gpus N")
+    # cuBLAS (forwarded at the library level): the one the program loads, of the runtime's kind.
+    cublas = _in_closure(report, CUBLAS_SONAME) if report is not None else None
+    if cublas is not None and cublas.emulated != cudart.emulated:
+        cublas = None
+    cublas_path, cublas_how = (cublas.path, cublas.described()) if cublas is not None else (None, "")
     if nccl is None:
         return ProxyLibraries(cudart.path, cudart.described(), None,
-                              f"{target} does not use NCCL and none is on its library search path")
-    return ProxyLibraries(cudart.path, cudart.described(), nccl.path, nccl.described())
+                              f"{target} does not use NCCL and none is on its library search path",
+                              cublas_path, cublas_how)
+    return ProxyLibraries(cudart.path, cudart.described(), nccl.path, nccl.described(), cublas_path, cublas_how)
 
 
 def native_parts() -> tuple[Path, Path]:
@@ -514,7 +533,7 @@ def prepare(args: Any, given: Sequence[str] = ()) -> Launch:
     env.pop(config.ENV_ACTIVE, None)  # user-level mode's runtime stays off in transparent mode
     if "hang_timeout" in given:  # else the user's JITCKPT_HANG_TIMEOUT, or the remote library's default
         env[config.ENV_HANG_TIMEOUT] = str(float(args.hang_timeout))  # read by the remote library's recovery
-    command = worker_command(job, proxy, template, remote, libraries.cudart, libraries.nccl)
+    command = worker_command(job, proxy, template, remote, libraries.cudart, libraries.nccl, libraries.cublas)
     return Launch(command, env, directory, job, notes, libraries)
 
 

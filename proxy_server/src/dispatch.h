@@ -9,6 +9,9 @@
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#ifdef JITCKPT_REMOTE_CUBLAS      /* the build forwards cuBLAS (Makefile: CUBLAS_INCLUDE) */
+#include <cublas_api.h>
+#endif
 
 #include "proxy.h"
 #include "remote_fns.h"
@@ -32,7 +35,7 @@ struct dispatch_entry {
 };
 
 extern const struct dispatch_entry dispatch_generated[RFN_count];
-int dispatch_resolve(void *cudart, void *nccl);                /* generated: how many the libraries lack */
+int dispatch_resolve(void *cudart, void *nccl, void *cublas);                /* generated: how many the libraries lack */
 int dispatch_note_missing(const char *name);                   /* missing.c: one the libraries lack (1) */
 int32_t dispatch_missing(const char *name);                    /* missing.c: a call of it fails, naming it */
 int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled);

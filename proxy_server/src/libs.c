@@ -1,8 +1,9 @@
 /* libs.c -- loading the CUDA runtime and NCCL the proxy executes calls with.
  *
- * Paths, first match wins: the command-line option (--cudart, --nccl), the
- * environment (JITCKPT_PROXY_CUDART, JITCKPT_PROXY_NCCL), and last the
- * sonames (libcudart.so.13, libnccl.so.2) through the ordinary search path
+ * Paths, first match wins: the command-line option (--cudart, --nccl,
+ * --cublas), the environment (JITCKPT_PROXY_CUDART, JITCKPT_PROXY_NCCL,
+ * JITCKPT_PROXY_CUBLAS), and last the sonames (libcudart.so.13,
+ * libnccl.so.2, libcublas.so.13) through the ordinary search path
  * (LD_LIBRARY_PATH, ld.so.cache): what a program run in the same
  * environment would load.  The CPU device emulator is never a default
  * (DESIGN decision 7): it is loaded only when asked for, by its path or by
@@ -20,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-void *cudart, *nccl;
+void *cudart, *nccl, *cublas;
 
 /* The first of two paths relative to this executable's directory that exists, or NULL. */
 const char *default_sibling(const char *rel1, const char *rel2)
@@ -76,7 +77,16 @@ int libs_load(const struct proxy_options *o)
         plog("cannot load NCCL %s: %s (set --nccl or " PROXY_ENV_NCCL "); NCCL calls will fail", nc, dlerror());
     else if (!nccl)     /* none named and none on the search path: a program without NCCL needs none */
         pdebug("no NCCL (%s: %s); NCCL calls will fail", nc, dlerror());
-    pdebug("CUDA runtime %s, NCCL %s", rt, nc);
+    /* cuBLAS (issue 19: forwarded at the library level), loaded after the runtime so that its
+     * libcudart.so.13 dependency is this one; a program without cuBLAS calls needs none. */
+    int bl_chosen;
+    const char *bl = choose(o->cublas_path, PROXY_ENV_CUBLAS, "libcublas.so.13", &bl_chosen);
+    cublas = dlopen(bl, RTLD_NOW | RTLD_GLOBAL);
+    if (!cublas && bl_chosen)
+        plog("cannot load cuBLAS %s: %s (set --cublas or " PROXY_ENV_CUBLAS "); cuBLAS calls will fail", bl, dlerror());
+    else if (!cublas)
+        pdebug("no cuBLAS (%s: %s); cuBLAS calls will fail", bl, dlerror());
+    pdebug("CUDA runtime %s, NCCL %s, cuBLAS %s", rt, nc, cublas ? bl : "none");
     return 0;
 }
 

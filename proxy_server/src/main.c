@@ -71,7 +71,7 @@ void pdebug(const char *fmt, ...)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: jitckpt-proxy --socket PATH [--cudart PATH] [--nccl PATH] [--preload PATH]\n"
+    fprintf(stderr, "usage: jitckpt-proxy --socket PATH [--cudart PATH] [--nccl PATH] [--cublas PATH] [--preload PATH]\n"
                     "                     [--worker-pid PID] [--arena-mib N] [--verbose] [-- PROGRAM ARGS...]\n"
                     "  in --socket PATH: %%r = $RANK, %%l = $LOCAL_RANK (0 when unset), %%%% = %%\n");
     exit(2);
@@ -154,6 +154,8 @@ static void parse(int argc, char **argv, struct proxy_options *o)
             o->cudart_path = v;
         else if (strcmp(a, "--nccl") == 0)
             o->nccl_path = v;
+        else if (strcmp(a, "--cublas") == 0)
+            o->cublas_path = v;
         else if (strcmp(a, "--preload") == 0)
             o->preload_path = v;
         else if (strcmp(a, "--worker-pid") == 0)
@@ -260,7 +262,7 @@ int main(int argc, char **argv)
         return 1;
     /* What the loaded NCCL (or runtime) lacks fails when the program calls it (missing.c);
      * nvcc's hidden entry points every CUDA runtime has. */
-    dispatch_resolve(cudart, nccl);
+    dispatch_resolve(cudart, nccl, cublas);
     const char *missing = special_resolve(cudart);
     if (missing) {
         plog("the CUDA runtime lacks %s", missing);

@@ -1,0 +1,91 @@
+"""cuBLAS through the device proxy (issue 19): forwarded at the library level, on the CPU device emulator.
+
+tests/emulator_programs/cublas_gemm.c (every GEMM variant the emulated
+cuBLAS implements, both pointer modes, stream 0 and a created stream, and the
+argument errors) must print the same bytes through ``jitckpt-proxy`` as
+directly, and the same under ``jit-run --transparent --emulated-gpus 1``,
+whose proxy loads the emulator's libcublas.so.13.  A cuBLAS handle is a
+virtual handle that a new proxy cannot re-create yet: a proxy restart is
+refused while one exists, and the program goes on with the same proxy.
+Nothing here says anything about a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from native_toolchain import CUBLAS_INCLUDE, CUDA_HOME, REQUIRES_CUBLAS_HEADER, REQUIRES_CUDA_TOOLCHAIN
+from test_emulator import emulator  # noqa: F401  (fixture)
+from test_proxy import EMULATOR_BUILD, REMOTE_LIB, direct, env, proxy, remote, show  # noqa: F401
+
+pytestmark = [*REQUIRES_CUDA_TOOLCHAIN, REQUIRES_CUBLAS_HEADER]
+
+SOURCE = REPO / "tests" / "emulator_programs" / "cublas_gemm.c"
+
+
+@pytest.fixture(scope="module")
+def gemm_program(proxy, tmp_path_factory) -> Path:  # noqa: F811
+    """The test program, linked against the emulated libcublas.so.13 and libcudart.so.13."""
+    assert (EMULATOR_BUILD / "libcublas.so.13").exists(), "make -C emulator built no libcublas.so.13"
+    out = tmp_path_factory.mktemp("cublas") / "cublas_gemm"
+    subprocess.run(["gcc", "-O1", "-ffp-contract=off", "-I", str(CUDA_HOME / "include"), "-I", str(CUBLAS_INCLUDE),
+                    "-o", str(out), str(SOURCE), "-L", str(EMULATOR_BUILD), "-l:libcublas.so.13", "-l:libcudart.so.13",
+                    "-lm"], check=True)
+    return out
+
+
+def test_the_remote_library_exports_every_cublas_function_the_emulator_implements(proxy):  # noqa: F811
+    def defined(lib: Path) -> dict[str, str]:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,
+                             check=True).stdout
+        return {line.split()[2].split("@")[0]: line.split()[2] for line in out.splitlines() if len(line.split()) == 3}
+
+    emulated = {n for n in defined(EMULATOR_BUILD / "libcublas.so.13") if n.startswith("cublas")}
+    exported = defined(REMOTE_LIB)
+    assert emulated and not emulated - set(exported), sorted(emulated - set(exported))
+    # under the real library's version node, so that a program built against libcublas.so.13 binds to them
+    assert exported["cublasSgemm_v2"] == "cublasSgemm_v2@@libcublas.so.13"
+    # and every other function of the header too, as a refusal (nothing reaches a cuBLAS in the worker)
+    assert "cublasHgemm" in exported and "cublasLtMatmul" not in exported
+
+
+@pytest.mark.parametrize("what", ["gemm", "errors"])
+def test_every_gemm_and_error_prints_the_same_through_the_proxy(gemm_program, tmp_path, what):
+    want = direct(gemm_program, what)
+    assert want.returncode == 0 and "DONE" in want.stdout, show(want)
+    got = remote(gemm_program, what, tmp_path=tmp_path)
+    assert got.returncode == 0, show(got)
+    assert got.stdout == want.stdout, show(got)
+    assert "is not supported in transparent mode" not in got.stderr, got.stderr
+    if what == "gemm":  # bit-exact results: every variant's hash, pointer modes and streams included
+        assert want.stdout.count("VARIANT ") >= 20 and " exact=0 pad=0" in want.stdout
+
+
+def test_a_proxy_restart_with_a_live_cublas_handle_is_refused_and_the_program_goes_on(gemm_program, tmp_path):
+    want = direct(gemm_program, "gemm")
+    got = remote(gemm_program, "gemm", tmp_path=tmp_path, extra={"JITCKPT_REMOTE_RESTART_AT": "40"})
+    assert got.returncode == 0 and got.stdout == want.stdout, show(got)
+    assert "proxy restart refused: 1 cuBLAS handle, which a new proxy cannot re-create yet" in got.stderr, got.stderr
+
+
+def test_jit_run_transparent_forwards_cublas_to_the_emulators_library(gemm_program):
+    want = direct(gemm_program, "all")
+    e = env()
+    e.pop("LD_LIBRARY_PATH", None)  # --emulated-gpus says what the proxy loads
+    e["LD_LIBRARY_PATH"] = str(EMULATOR_BUILD)  # (the program itself is linked against the emulator)
+    got = subprocess.run([sys.executable, "-m", "jitckpt", "--transparent", "--emulated-gpus", "1",
+                          str(gemm_program), "all"], env=e, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert got.returncode == 0, show(got)
+    assert got.stdout == want.stdout, show(got)
+    assert f"cuBLAS {EMULATOR_BUILD / 'libcublas.so.13'}" in got.stderr, got.stderr
+    doctor = subprocess.run([sys.executable, "-m", "jitckpt", "doctor", "--json", str(gemm_program)], env=e,
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    transparent = json.loads(doctor.stdout)["verdict"]["transparent"]
+    assert transparent["status"] == "ok", transparent
+    assert any(c.startswith("cuBLAS is forwarded to the device proxy: ") for c in transparent["caveats"]), transparent
