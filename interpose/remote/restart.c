@@ -590,6 +590,11 @@ static int32_t replay_reg(struct rcall *c, const struct reg *r)
 
 static const char *what_failed;
 
+static int32_t set_device(struct rcall *c, int device)
+{
+    return rst_device(c, device, NULL);
+}
+
 static int skip_comms;          /* recovery rebuilds the communicators itself (recover.c) */
 
 /* Everything but the bytes, in the new proxy. */
@@ -621,6 +626,11 @@ static int32_t recreate(struct rcall *c)
         if ((err = rst_simple(c, JITCKPT_RFN_RST_EVENT, &events[i].vid, 8, &events[i].flags, 4,
                               &events[i].device, 4, NULL, 0)))
             return err;
+#ifdef JITCKPT_REMOTE_CUBLAS
+    what_failed = "re-creating the cuBLAS handles";
+    if ((err = remote_blas_recreate(c, set_device)))
+        return err;
+#endif
     what_failed = "re-applying a device or kernel setting (cudaDeviceSetLimit, cudaFuncSetAttribute, ...)";
     for (size_t i = 0; i < n_settings; i++) {
         if ((err = rst_device(c, settings[i].device, NULL)))
@@ -708,22 +718,8 @@ static int32_t restart_locked(struct rcall *c)
     return err;
 }
 
-/* Live cuBLAS handles (issue 19; blas.c counts them): a new proxy cannot re-create them yet, so no restart
- * while one exists. */
-static long blas_handles;
-
-void remote_track_blas_handles(int delta)
-{
-    blas_handles += delta;
-}
-
 static int32_t restart_locked_inner(struct rcall *c)
 {
-    if (blas_handles > 0) {
-        rlog("proxy restart refused: %ld cuBLAS handle%s, which a new proxy cannot re-create yet", blas_handles,
-             blas_handles == 1 ? "" : "s");
-        return cudaErrorNotSupported;
-    }
     for (size_t i = 0; i < n_comms; i++)
         if (comms[i].nranks != 1 && remote_recovery_enabled()) {
             /* Other ranks share the communicator: the recovery's re-rendezvous (recover.c) rebuilds

@@ -45,8 +45,7 @@ void remote_track_cudaLibraryGetKernel(cudaKernel_t *pKernel, cudaLibrary_t libr
 void remote_track_cudaGetFuncBySymbol(cudaFunction_t *functionPtr, const void *symbolPtr);
 void remote_track_ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
                                          ncclConfig_t *config);
-void remote_track_setting(struct rcall *c);
-void remote_track_blas_handles(int delta);           /* cuBLAS handles created (+1) or destroyed (-1) */          /* a setting's request, sent again to a new proxy */
+void remote_track_setting(struct rcall *c);          /* a setting's request, sent again to a new proxy */
 
 /* registrations, in the order they were made (special.c) */
 void remote_track_reg_fatbin(void **module, const void *image, size_t n);

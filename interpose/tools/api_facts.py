@@ -481,13 +481,12 @@ FACTS: dict[str, Fact] = {**CUDART, **NCCL}
 # transparent mode uses this table: the worker's cuBLAS calls go to the device proxy, whose libcublas runs
 # them on the proxy's streams.  The handle is a virtual handle like a stream; the matrices and the workspace
 # are device memory; the scalars alpha and beta are host memory copied with the call in host pointer mode and
-# device addresses in device pointer mode (interpose/remote/blas.c keeps each handle's mode, and its stream
-# for cublasGetStream_v2).  Every other function of cublas_api.h is refused by name.
+# device addresses in device pointer mode.  interpose/remote/blas.c keeps each handle's device and settings:
+# its pointer mode, its stream (for cublasGetStream_v2), and what a new proxy needs to re-create it after a
+# restart or a recovery.  Every other function of cublas_api.h is refused by name.
 _SCALAR_OF_COMPUTE = ("(computeType == CUBLAS_COMPUTE_64F || computeType == CUBLAS_COMPUTE_64F_PEDANTIC) ? 8 : "
                       "(computeType == CUBLAS_COMPUTE_16F || computeType == CUBLAS_COMPUTE_16F_PEDANTIC) ? 2 : 4")
 _BLAS = {"handle": "blas"}
-_NO_RECOVERY = ('remote_recovery_off("cublas", "the program created a cuBLAS handle, which a proxy restart does '
-                'not re-create yet")')
 
 
 def _gemm(scalar: str) -> Fact:
@@ -496,8 +495,7 @@ def _gemm(scalar: str) -> Fact:
 
 
 CUBLAS: dict[str, Fact] = {
-    "cublasCreate_v2": Fact(remote="gen", creates=_BLAS, mode="sync",
-                            after=f"if (jr_ret == 0) {{ remote_blas_created(handle); {_NO_RECOVERY}; }}"),
+    "cublasCreate_v2": Fact(remote="gen", creates=_BLAS, mode="sync", after="if (jr_ret == 0) remote_blas_created(handle)"),
     "cublasDestroy_v2": Fact(remote="gen", handles=_BLAS, destroys=("handle",), mode="sync",
                              after="if (jr_ret == 0) remote_blas_destroyed(handle)"),
     "cublasGetVersion_v2": Fact(remote="gen", handles=_BLAS, outputs=("version",), mode="sync"),
@@ -505,12 +503,15 @@ CUBLAS: dict[str, Fact] = {
                                after="if (jr_ret == 0) remote_blas_set_stream(handle, streamId)"),
     "cublasGetStream_v2": Fact(remote="gen", handles=_BLAS, outputs=("streamId",), mode="sync",
                                answer_locally="remote_blas_get_stream(handle, streamId)"),
-    "cublasSetMathMode": Fact(remote="gen", handles=_BLAS, mode="sync"),
+    "cublasSetMathMode": Fact(remote="gen", handles=_BLAS, mode="sync",
+                              after="if (jr_ret == 0) remote_blas_set_math_mode(handle, mode)"),
     "cublasGetMathMode": Fact(remote="gen", handles=_BLAS, outputs=("mode",), mode="sync"),
     "cublasSetPointerMode_v2": Fact(remote="gen", handles=_BLAS, mode="sync",
                                     after="if (jr_ret == 0) remote_blas_set_pointer_mode(handle, mode)"),
     "cublasGetPointerMode_v2": Fact(remote="gen", handles=_BLAS, outputs=("mode",), mode="sync"),
-    "cublasSetWorkspace_v2": Fact(remote="gen", handles=_BLAS, device=("workspace",), mode="sync"),
+    "cublasSetWorkspace_v2": Fact(remote="gen", handles=_BLAS, device=("workspace",), mode="sync",
+                                  after="if (jr_ret == 0) remote_blas_set_workspace(handle, workspace, "
+                                        "workspaceSizeInBytes)"),
     "cublasSgemm_v2": _gemm("sizeof(float)"),
     "cublasDgemm_v2": _gemm("sizeof(double)"),
     "cublasSgemmStridedBatched": _gemm("sizeof(float)"),
