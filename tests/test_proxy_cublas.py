@@ -1,5 +1,11 @@
 """cuBLAS through the device proxy (issue 19): forwarded at the library level, on the CPU device emulator.
 
+Recovery: tests/proxy_programs/blas_train.cpp (3 ranks under torchrun, every computation a cuBLAS GEMM,
+a created stream, a workspace, the optimizer's scalars in device memory) survives a hung all-reduce and a
+sticky device error (a new proxy, the handles re-created, the replicas' memory, the minibatch replayed)
+with final parameters bit-identical to a fault-free direct run, and replay validation at minibatch 5
+finds the replayed cuBLAS calls faithful.
+
 tests/emulator_programs/cublas_gemm.c (every GEMM variant the emulated
 cuBLAS implements, both pointer modes, stream 0 and a created stream, and the
 argument errors) must print the same bytes through ``jitckpt-proxy`` as
@@ -13,6 +19,7 @@ says anything about a GPU.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +30,13 @@ from conftest import REPO
 from native_toolchain import CUBLAS_INCLUDE, CUDA_HOME, REQUIRES_CUBLAS_HEADER, REQUIRES_CUDA_TOOLCHAIN
 from test_emulator import emulator  # noqa: F401  (fixture)
 from test_proxy import EMULATOR_BUILD, REMOTE_LIB, direct, env, proxy, remote, show  # noqa: F401
+from test_proxy_recovery import CHECKSUM, assert_recovered, torchrun
 
 pytestmark = [*REQUIRES_CUDA_TOOLCHAIN, REQUIRES_CUBLAS_HEADER]
 
 SOURCE = REPO / "tests" / "emulator_programs" / "cublas_gemm.c"
+TRAIN_SOURCE = REPO / "tests" / "proxy_programs" / "blas_train.cpp"
+MLP_DIR = REPO / "examples" / "cuda_mlp"
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +103,39 @@ def test_jit_run_transparent_forwards_cublas_to_the_emulators_library(gemm_progr
     transparent = json.loads(doctor.stdout)["verdict"]["transparent"]
     assert transparent["status"] == "ok", transparent
     assert any(c.startswith("cuBLAS is forwarded to the device proxy: ") for c in transparent["caveats"]), transparent
+
+
+# ---- transparent recovery of a cuBLAS training program -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def blas_train(proxy, tmp_path_factory) -> Path:  # noqa: F811
+    from native_toolchain import NCCL_WHEEL
+
+    out = tmp_path_factory.mktemp("blas-train") / "blas_train"
+    subprocess.run(["g++", "-O1", "-std=c++17", "-ffp-contract=off", "-I", str(CUDA_HOME / "include"), "-I",
+                    str(CUBLAS_INCLUDE), "-I", str(NCCL_WHEEL / "include"), "-I", str(MLP_DIR), "-o", str(out),
+                    str(TRAIN_SOURCE), str(MLP_DIR / "rendezvous.cpp"), "-L", str(EMULATOR_BUILD),
+                    "-l:libcublas.so.13", "-l:libnccl.so.2", "-l:libcudart.so.13", "-ldl"], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def blas_reference(blas_train, tmp_path_factory) -> str:
+    """The final checksum of a fault-free direct run (no proxy, no jitckpt)."""
+    proc = torchrun(blas_train, tmp_path_factory.mktemp("blas-reference"), through_proxy=False)
+    sums = set(CHECKSUM.findall(proc.stdout))
+    assert proc.returncode == 0 and len(sums) == 3 and len({s for _, s in sums}) == 1, proc.stdout + proc.stderr
+    return sums.pop()[1]
+
+
+@pytest.mark.parametrize("fault,rank", [("hang", 1), ("sticky", 2)])
+def test_a_cublas_program_is_recovered_underneath_bit_exact(blas_train, blas_reference, tmp_path, fault, rank):
+    proc = torchrun(blas_train, tmp_path, True,
+                    {"JITCKPT_SIMDEV_FAULT": f"rank={rank},op=ncclAllReduce,call=9,kind={fault}"})
+    out = assert_recovered(proc, blas_reference, minibatch=7)
+    # validation ran at minibatch 5 and found the replay (its cuBLAS calls included) faithful on every rank
+    assert len(re.findall(r"replay validation at minibatch 5: the replay of \d+ calls reproduces", out)) == 3, out[-4000:]
+    if fault == "sticky":  # a new proxy: the handle re-created, with its stream, workspace and modes
+        assert re.search(r"rank 2: recovered in \d+ ms \(stop \d+, new proxy \d+, ", out), out[-4000:]
+    assert "is not supported in transparent mode" not in out

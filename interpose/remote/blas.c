@@ -12,7 +12,13 @@
  *    re-create the handle under the same virtual id after a restart or a
  *    recovery (remote_blas_recreate, called by restart.c): the handle
  *    through an ordinary cublasCreate_v2 after JITCKPT_RFN_RST_EXPECT, then
- *    its settings through the ordinary calls, in the order cuBLAS allows.
+ *    its settings through the ordinary calls, in the order cuBLAS allows;
+ *  - at each minibatch boundary (jitckpt_phase_optimizer_end) the settings
+ *    are sent again, so that they open the new minibatch's call log: a
+ *    replay from the start of any minibatch in the log first puts every
+ *    handle back as it was then (a program that switches the pointer mode
+ *    around its optimizer step would otherwise replay its forward GEMMs in
+ *    the wrong mode: tests/proxy_programs/blas_train.cpp).
  *
  * Read and written under the library's call lock (the stubs' `after` and
  * size expressions run between remote_begin and remote_end), so no lock of
@@ -122,6 +128,20 @@ int remote_blas_get_stream(cublasHandle_t h, cudaStream_t *stream)
         return CUBLAS_STATUS_INVALID_VALUE;
     *stream = b->stream;
     return CUBLAS_STATUS_SUCCESS;
+}
+
+/* calllog.c, after a minibatch boundary (outside the call lock): the settings open the new segment. */
+void remote_blas_minibatch_begins(void)
+{
+    if (n_handles == 0 || !remote_recovery_enabled())
+        return;
+    for (size_t i = 0; i < n_handles; i++) {
+        struct blas_handle b = handles[i];     /* (the calls below write the same values back) */
+        cublasSetStream_v2(b.handle, b.stream);
+        cublasSetPointerMode_v2(b.handle, b.mode);
+        if (b.math_set)
+            cublasSetMathMode(b.handle, b.math);
+    }
 }
 
 /* Every live handle in the new proxy under its old id, with its settings; 0 or the first error.

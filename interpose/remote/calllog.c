@@ -359,6 +359,9 @@ EXPORT void jitckpt_phase_optimizer_end(void)
     }
     pthread_mutex_unlock(&log_lock);
     remote_mark_minibatch(ended);       /* recover.c: the proxy's marker, so that completed ones leave the log */
+#ifdef JITCKPT_REMOTE_CUBLAS
+    remote_blas_minibatch_begins();     /* blas.c: every cuBLAS handle's settings open the new minibatch's log */
+#endif
 }
 
 /* JITCKPT_REMOTE_LOG_TRACE=1: the log as the process ends, too (a program that never calls

@@ -199,6 +199,7 @@ void remote_blas_set_stream(cublasHandle_t h, cudaStream_t stream);
 void remote_blas_set_math_mode(cublasHandle_t h, cublasMath_t mode);
 void remote_blas_set_workspace(cublasHandle_t h, void *workspace, size_t bytes);
 int32_t remote_blas_recreate(struct rcall *c, int32_t (*set_device)(struct rcall *c, int device));
+void remote_blas_minibatch_begins(void);
 size_t remote_blas_scalar_bytes(cublasHandle_t h, const void *scalar, size_t host_bytes); /* 0: crosses as is */
 int remote_blas_get_stream(cublasHandle_t h, cudaStream_t *stream);
 #endif

@@ -138,7 +138,8 @@ static uint64_t need_of_stream(uint64_t vid)
 
 /* ---- the record being executed (main thread) ---------------------------------------- */
 
-enum fn_kind { K_OTHER, K_COLL, K_GROUP_START, K_GROUP_END, K_EVENT_RECORD, K_STREAM_WAIT, K_WORK, K_COMM_INIT,
+enum fn_kind { K_OTHER, K_COLL, K_GROUP_START, K_GROUP_END, K_EVENT_RECORD, K_STREAM_WAIT, K_WORK, K_BLAS_WORK,
+               K_BLAS_SET_STREAM, K_COMM_INIT,
                K_COMM_GONE, K_CAPTURE_BEGIN, K_CAPTURE_END };
 /* Captures under way (main thread writes, the watcher reads).  While one is,
  * nothing here records or queries an event: an event recorded in a capturing
@@ -179,6 +180,10 @@ static void classify(void)
             kinds[fn] = K_CAPTURE_BEGIN;
         else if (strcmp(n, "cudaStreamEndCapture") == 0)
             kinds[fn] = K_CAPTURE_END;
+        else if (strcmp(n, "cublasSetStream_v2") == 0)
+            kinds[fn] = K_BLAS_SET_STREAM;
+        else if (strncmp(n, "cublas", 6) == 0 && (strstr(n, "gemm") || strstr(n, "Gemm")))
+            kinds[fn] = K_BLAS_WORK;           /* work on the handle's stream (issue 19) */
     }
     kinds[RFN_cudaLaunchKernel] = K_WORK;
     kinds[RFN___cudaLaunchKernel] = K_WORK;
@@ -187,7 +192,33 @@ static void classify(void)
 
 static unsigned cur_fn;
 static int cur_kind, cur_dropped;
-static uint64_t cur_stream, cur_event, cur_comm;
+static uint64_t cur_stream, cur_event, cur_comm, cur_blas;
+
+/* Each cuBLAS handle's stream (issue 19): a GEMM is work on it, held back as a launch on it is.  Set by
+ * cublasSetStream_v2 (the worker sends it again to a new proxy); a handle never given one works on stream 0.
+ * Main thread only. */
+#define MAX_BLAS 256
+static struct { uint64_t blas, stream; } blas_streams[MAX_BLAS];
+static int n_blas_streams;
+
+static uint64_t stream_of_blas(uint64_t blas)
+{
+    for (int i = 0; i < n_blas_streams; i++)
+        if (blas_streams[i].blas == blas)
+            return blas_streams[i].stream;
+    return 0;
+}
+
+static void set_stream_of_blas(uint64_t blas, uint64_t stream)
+{
+    for (int i = 0; i < n_blas_streams; i++)
+        if (blas_streams[i].blas == blas) {
+            blas_streams[i].stream = stream;
+            return;
+        }
+    if (n_blas_streams < MAX_BLAS)
+        blas_streams[n_blas_streams++] = (typeof(blas_streams[0])){blas, stream};
+}
 static int group_depth;
 static uint64_t group_streams[64];
 static int n_group_streams;
@@ -297,7 +328,7 @@ void watch_before(unsigned fn)
     cur_fn = fn;
     cur_kind = fn < RFN_count ? kinds[fn] : K_OTHER;
     cur_dropped = 0;
-    cur_stream = cur_event = cur_comm = 0;
+    cur_stream = cur_event = cur_comm = cur_blas = 0;
 }
 
 static int aborting(void)
@@ -319,11 +350,20 @@ int watch_handle(int kind, uint64_t vid)
             comm_remove((ncclComm_t)real);          /* before it is destroyed: the watcher must not touch it */
         return 0;
     }
-    if (kind != VH_STREAM)
+    if (kind == VH_BLAS) {
+        cur_blas = vid;
+        if (cur_kind != K_BLAS_WORK)
+            return 0;
+        vid = stream_of_blas(vid);             /* a GEMM: held back as work on its handle's stream */
+    } else if (kind != VH_STREAM) {
         return 0;
+    } else if (cur_kind == K_BLAS_SET_STREAM) {
+        set_stream_of_blas(cur_blas, vid);     /* (the handle is read first: its parameter comes first) */
+        return 0;
+    }
     cur_stream = vid;
     /* Only a worker that recovers needs the hold (a job of one rank has no replica to recover from). */
-    if (cur_kind != K_WORK || !__atomic_load_n(&W->recovery_on, __ATOMIC_RELAXED))
+    if ((cur_kind != K_WORK && cur_kind != K_BLAS_WORK) || !__atomic_load_n(&W->recovery_on, __ATOMIC_RELAXED))
         return 0;
     uint64_t need = need_of_stream(vid);
     if (need == 0 || seq_done >= need)

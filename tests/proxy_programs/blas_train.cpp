@@ -1,0 +1,185 @@
+// blas_train.cpp -- a data-parallel training program whose every computation is a cuBLAS GEMM
+// (tests/test_proxy_cublas.py: transparent recovery of cuBLAS calls, issue 19).
+//
+// Linear regression of W (kOut x kIn), column-major as cuBLAS wants, on each rank's own batch:
+//   err = W x - y              cublasSgemm (beta = -1 over a copy of y)
+//   g   = err x^T / B          cublasSgemm (N, T)
+//   ncclAllReduce(g, sum)      on a stream of its own, ordered with events
+//   W  -= lr / world * g       cublasSgemm with an identity matrix (beta = 1), between
+//                              jitckpt_phase_optimizer_begin/end when they exist
+// The handle works on a created stream with the device pointer mode for the optimizer's
+// scalars (in device memory) and the host mode for the others, and a workspace: what a
+// recovery must give back to a new proxy.  No kernel of its own, so no nvcc and no
+// kernel twins: g++ against the CUDA runtime, NCCL and cuBLAS.  Ranks share the NCCL id
+// through --rendezvous-dir (examples/cuda_mlp/rendezvous.cpp).  Prints, as cuda_mlp does,
+//   [rank R] final parameters checksum <FNV-1a 64 of W>
+// and exits 1 at any failed call.
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "rendezvous.h"
+
+namespace {
+
+constexpr int kIn = 24, kOut = 8, kBatch = 16;
+
+void check(bool ok, const char *what, int line, const char *detail)
+{
+    if (!ok) {
+        std::fprintf(stderr, "blas_train: line %d: %s failed: %s\n", line, what, detail);
+        std::exit(1);
+    }
+}
+#define CUDA(x) do { cudaError_t e_ = (x); check(e_ == cudaSuccess, #x, __LINE__, cudaGetErrorName(e_)); } while (0)
+#define BLAS(x) do { cublasStatus_t s_ = (x); check(s_ == CUBLAS_STATUS_SUCCESS, #x, __LINE__, cublasGetStatusName(s_)); } while (0)
+#define NCCL(x) do { ncclResult_t r_ = (x); check(r_ == ncclSuccess, #x, __LINE__, ncclGetErrorString(r_)); } while (0)
+
+uint64_t mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float uniform(uint64_t key)  // in [-1, 1)
+{
+    return (float)((double)(mix(key) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+uint64_t fnv1a64(const void *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= ((const unsigned char *)p)[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+}  // namespace
+
+int main(int argc, char **argv)
+{
+    int steps = 13;
+    std::string dir;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!std::strcmp(argv[i], "--steps"))
+            steps = std::atoi(argv[i + 1]);
+        else if (!std::strcmp(argv[i], "--rendezvous-dir"))
+            dir = argv[i + 1];
+    }
+    const int rank = std::getenv("RANK") ? std::atoi(std::getenv("RANK")) : 0;
+    const int world = std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1;
+    const int local = std::getenv("LOCAL_RANK") ? std::atoi(std::getenv("LOCAL_RANK")) : 0;
+    int ndev = 0;
+    CUDA(cudaGetDeviceCount(&ndev));
+    CUDA(cudaSetDevice(local % ndev));
+
+    RendezvousConfig rc;
+    rc.rank = rank;
+    rc.world = world;
+    rc.dir = dir;
+    rc.job_key = job_key_from_env(world, &rc.job_desc);
+    ncclUniqueId id;
+    std::memset(&id, 0, sizeof id);
+    if (rank == 0)
+        NCCL(ncclGetUniqueId(&id));
+    try {
+        share_unique_id(rc, &id);
+    } catch (const RendezvousError &e) {
+        check(false, "the NCCL id rendezvous", __LINE__, e.what());
+    }
+    ncclComm_t comm;
+    NCCL(ncclCommInitRank(&comm, world, id, rank));
+    rendezvous_cleanup(rc);
+
+    cudaStream_t compute, nccl_stream;
+    CUDA(cudaStreamCreate(&compute));
+    CUDA(cudaStreamCreate(&nccl_stream));
+    cudaEvent_t grads_ready, reduced;
+    CUDA(cudaEventCreateWithFlags(&grads_ready, cudaEventDisableTiming));
+    CUDA(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
+
+    std::vector<float> w(kOut * kIn), ident(kOut * kOut, 0.0f), batch((kIn + kOut) * kBatch);
+    for (int i = 0; i < kOut * kIn; i++)
+        w[i] = 0.1f * uniform(1000 + i);  // the same initial W on every rank
+    for (int i = 0; i < kOut; i++)
+        ident[i * kOut + i] = 1.0f;
+    float *d_w, *d_ident, *d_batch, *d_err, *d_g, *d_scalars;
+    void *d_workspace;
+    CUDA(cudaMalloc((void **)&d_w, w.size() * sizeof(float)));
+    CUDA(cudaMalloc((void **)&d_ident, ident.size() * sizeof(float)));
+    CUDA(cudaMalloc((void **)&d_batch, batch.size() * sizeof(float)));
+    CUDA(cudaMalloc((void **)&d_err, kOut * kBatch * sizeof(float)));
+    CUDA(cudaMalloc((void **)&d_g, kOut * kIn * sizeof(float)));
+    CUDA(cudaMalloc((void **)&d_scalars, 2 * sizeof(float)));
+    CUDA(cudaMalloc(&d_workspace, 1 << 16));
+    const float lr = 0.05f, scalars[2] = {-lr / (float)world, 1.0f};  // the optimizer's alpha and beta
+    CUDA(cudaMemcpy(d_w, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA(cudaMemcpy(d_ident, ident.data(), ident.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA(cudaMemcpy(d_scalars, scalars, sizeof scalars, cudaMemcpyHostToDevice));
+    float *d_x = d_batch, *d_y = d_batch + kIn * kBatch;
+
+    cublasHandle_t blas;
+    BLAS(cublasCreate(&blas));
+    BLAS(cublasSetStream(blas, compute));
+    BLAS(cublasSetWorkspace(blas, d_workspace, 1 << 16));
+    BLAS(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));
+
+    using PhaseFn = void (*)();
+    const auto optimizer_begin = reinterpret_cast<PhaseFn>(dlsym(RTLD_DEFAULT, "jitckpt_phase_optimizer_begin"));
+    const auto optimizer_end = reinterpret_cast<PhaseFn>(dlsym(RTLD_DEFAULT, "jitckpt_phase_optimizer_end"));
+    const float one = 1.0f, minus_one = -1.0f, inv_b = 1.0f / kBatch, zero = 0.0f;
+    for (int step = 1; step <= steps; step++) {
+        // this rank's batch: x in [-1, 1), y = a fixed linear map of x plus noise
+        for (int b = 0; b < kBatch; b++) {
+            const uint64_t sample = ((uint64_t)(step - 1) * world + rank) * kBatch + b;
+            for (int i = 0; i < kIn; i++)
+                batch[b * kIn + i] = uniform(sample * 131 + i);
+            for (int o = 0; o < kOut; o++) {
+                float t = 0.01f * uniform(sample * 131 + 100 + o);
+                for (int i = 0; i < kIn; i++)
+                    t += 0.05f * (float)((o + i) % 5 - 2) * batch[b * kIn + i];
+                batch[kIn * kBatch + b * kOut + o] = t;
+            }
+        }
+        CUDA(cudaMemcpyAsync(d_batch, batch.data(), batch.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
+        CUDA(cudaMemcpyAsync(d_err, d_y, kOut * kBatch * sizeof(float), cudaMemcpyDeviceToDevice, compute));
+        BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kOut, kBatch, kIn, &one, d_w, kOut, d_x, kIn, &minus_one,
+                         d_err, kOut));
+        BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, kOut, kIn, kBatch, &inv_b, d_err, kOut, d_x, kIn, &zero,
+                         d_g, kOut));
+        CUDA(cudaEventRecord(grads_ready, compute));
+        CUDA(cudaStreamWaitEvent(nccl_stream, grads_ready, 0));
+        NCCL(ncclAllReduce(d_g, d_g, kOut * kIn, ncclFloat32, ncclSum, comm, nccl_stream));
+        CUDA(cudaEventRecord(reduced, nccl_stream));
+        CUDA(cudaStreamWaitEvent(compute, reduced, 0));
+        if (optimizer_begin)
+            optimizer_begin();
+        BLAS(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_DEVICE));
+        BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kOut, kIn, kOut, d_scalars, d_ident, kOut, d_g, kOut,
+                         d_scalars + 1, d_w, kOut));
+        BLAS(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
+        if (optimizer_end)
+            optimizer_end();  // minibatch `step` ends, step + 1 begins
+        if (rank == 0 && step % 5 == 0)
+            std::printf("[rank 0] step %d\n", step);
+    }
+    CUDA(cudaStreamSynchronize(compute));
+    CUDA(cudaMemcpy(w.data(), d_w, w.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    std::printf("[rank %d] final parameters checksum %016" PRIx64 "\n", rank, fnv1a64(w.data(), w.size() * sizeof(float)));
+    BLAS(cublasDestroy(blas));
+    NCCL(ncclCommDestroy(comm));
+    return 0;
+}
