@@ -75,6 +75,7 @@ import datetime
 import os
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 import torch
@@ -162,6 +163,15 @@ class _PendingStorages:
             items = list(self._by_storage.get(key, ()))
         _wait_all(items)
 
+    def wait_for_count(self, most: int) -> None:
+        """Block until at most ``most`` items are pending (the oldest ran)."""
+        while True:
+            with self._lock:
+                if self.count <= most:
+                    return
+                oldest = next(iter(self._live.values()))
+            oldest.done.wait()
+
     def synchronize(self) -> None:
         """Block until everything queued so far ran (``torch.cuda.synchronize``)."""
         with self._lock:
@@ -223,6 +233,8 @@ class _ComputeStream:
         self._thread.start()
 
     def submit(self, name: str, tensors: list[torch.Tensor], run: Callable[[], None]) -> None:
+        if _MAX_QUEUED and _pending.count >= _MAX_QUEUED:
+            _pending.wait_for_count(_MAX_QUEUED // 2)  # a full launch queue blocks the host, as on a GPU
         item = _Pending(name)
         # OpenMP's thread count is per thread, and a CPU reduction's result depends on it: use the host's.
         self._queue.put((item, _pending.add(item, tensors), run, torch.get_num_threads()))
@@ -235,6 +247,8 @@ class _ComputeStream:
                 if threads != torch.get_num_threads():
                     torch.set_num_threads(threads)
                 _wait_all(before)
+                if _DEVICE_DELAY:
+                    time.sleep(_DEVICE_DELAY)
                 try:
                     run()
                 except BaseException as exc:  # a kernel's asynchronous error
@@ -243,6 +257,13 @@ class _ComputeStream:
 
 
 _compute_stream: _ComputeStream | None = None
+# NCCLORDER_DEVICE_DELAY_MS: a slower device (each queued op waits this long first), so that the host runs
+# further ahead of it: for hunting ordering bugs, never set by the tests.
+_DEVICE_DELAY = float(os.environ.get("NCCLORDER_DEVICE_DELAY_MS", "0") or 0) / 1000.0
+# NCCLORDER_MAX_QUEUED: how many ops the device queue may hold before the host blocks (0, the default:
+# unbounded; a GPU's launch queue holds about 1024).  Both knobs are for hunting the open defect of issue 18
+# (docs/verification.md, "ncclorder: a fault-free run that diverges"); the tests set neither.
+_MAX_QUEUED = int(os.environ.get("NCCLORDER_MAX_QUEUED", "0") or 0)
 
 
 def _compute() -> _ComputeStream:
