@@ -118,7 +118,9 @@ PROBE = textwrap.dedent(
             if rank == 0:
                 sys.exit(3)
             time.sleep(120)
-        print("PROBE " + json.dumps(describe(), sort_keys=True), flush=True)
+        # one write: with `-m`, both ranks share the agent's stdout, and print()'s separate newline could interleave
+        sys.stdout.write("PROBE " + json.dumps(describe(), sort_keys=True) + "\\n")
+        sys.stdout.flush()
         print(f"to stderr from rank {rank}", file=sys.stderr, flush=True)
         warnings.warn(f"a warning from rank {rank}")
         if rank == 0 or mode != "identity":
@@ -180,11 +182,12 @@ def _probe_result(tmp_path: Path, name: str, proc: subprocess.Popen) -> tuple[in
 
 
 def _probes(output: str) -> dict[str, dict]:
+    """Every PROBE record in ``output``, by rank (read with raw_decode: a record need not end its line)."""
     found = {}
-    for line in output.splitlines():
-        if "PROBE {" in line:
-            probe = json.loads(line[line.index("PROBE ") + 6:])
-            found[probe["rank"]] = probe
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"PROBE (?=\{)", output):
+        probe, _ = decoder.raw_decode(output, match.end())
+        found[probe["rank"]] = probe
     return found
 
 
