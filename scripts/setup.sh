@@ -18,12 +18,12 @@ if ! "$PY" -c 'import nvidia.nccl' 2>/dev/null; then
 fi
 
 # ---- cuBLAS's headers (issue 19: transparent mode forwards cuBLAS; the emulator implements part of it) ----
-# Only cublas_api.h and cublas_v2.h of the nvidia-cublas wheel (444 MB, whose libraries are never needed
+# Only cublas_api.h, cublas_v2.h and cublasLt.h of the nvidia-cublas wheel (444 MB, whose libraries are never needed
 # here), cached once where interpose/, proxy_server/ and emulator/ look (their Makefiles: CUBLAS_INCLUDE).
 CUBLAS_INCLUDE_CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/jitckpt/cublas-13/include
-if [ ! -f "$CUBLAS_INCLUDE_CACHE/cublas_api.h" ] && ! "$PY" -c 'import nvidia.cu13, os, sys
-sys.exit(not any(os.path.isfile(os.path.join(p, "include", "cublas_api.h")) for p in nvidia.cu13.__path__))' 2>/dev/null; then
-    say "caching cuBLAS's headers (cublas_api.h, cublas_v2.h of nvidia-cublas 13) in $CUBLAS_INCLUDE_CACHE"
+if [ ! -f "$CUBLAS_INCLUDE_CACHE/cublasLt.h" ] && ! "$PY" -c 'import nvidia.cu13, os, sys
+sys.exit(not any(os.path.isfile(os.path.join(p, "include", "cublasLt.h")) for p in nvidia.cu13.__path__))' 2>/dev/null; then
+    say "caching cuBLAS's headers (cublas_api.h, cublas_v2.h, cublasLt.h of nvidia-cublas 13) in $CUBLAS_INCLUDE_CACHE"
     wheel_dir=$(mktemp -d)
     if ! { "$PY" -m pip download --quiet --disable-pip-version-check --no-deps "nvidia-cublas>=13,<14" \
                -d "$wheel_dir" &&
@@ -31,7 +31,7 @@ sys.exit(not any(os.path.isfile(os.path.join(p, "include", "cublas_api.h")) for 
 wheel, = glob.glob(os.path.join(sys.argv[1], "*.whl"))
 os.makedirs(sys.argv[2], exist_ok=True)
 with zipfile.ZipFile(wheel) as z:
-    for name in ("cublas_api.h", "cublas_v2.h"):
+    for name in ("cublas_api.h", "cublas_v2.h", "cublasLt.h"):
         data = z.read("nvidia/cu13/include/" + name)
         tmp = os.path.join(sys.argv[2], "." + name + ".tmp")
         with open(tmp, "wb") as f:

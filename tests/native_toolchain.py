@@ -83,3 +83,7 @@ def cublas_include() -> Path | None:
 CUBLAS_INCLUDE = cublas_include()
 REQUIRES_CUBLAS_HEADER = pytest.mark.skipif(
     CUBLAS_INCLUDE is None, reason="cuBLAS's cublas_api.h not found: scripts/setup.sh caches it (or set CUBLAS_INCLUDE)")
+# cuBLASLt's cublasLt.h beside it (the Makefiles forward and emulate cuBLASLt only then)
+HAS_CUBLASLT_HEADER = CUBLAS_INCLUDE is not None and (CUBLAS_INCLUDE / "cublasLt.h").is_file()
+REQUIRES_CUBLASLT_HEADER = pytest.mark.skipif(
+    not HAS_CUBLASLT_HEADER, reason="cuBLASLt's cublasLt.h not found beside cublas_api.h: scripts/setup.sh caches it")

@@ -311,12 +311,15 @@ def test_generated_coverage_and_version_script_agree_with_the_exports(library, e
     emulated = {**api_exports(emulator / "libcudart.so.13"), **api_exports(emulator / "libnccl.so.2")}
     if (emulator / "libcublas.so.13").exists():  # cuBLAS, forwarded when the build has its header (issue 19)
         emulated.update({n: v for n, v in exports(emulator / "libcublas.so.13").items() if n.startswith("cublas")})
+    if (emulator / "libcublasLt.so.13").exists():  # cuBLASLt, forwarded when the build has cublasLt.h too
+        emulated.update({n: v for n, v in exports(emulator / "libcublasLt.so.13").items() if n.startswith("cublasLt")})
     assert set(emulated) <= set(functions)
     proxied = {n for n, f in functions.items() if f["transparent"] and coverage["remote"][n] != "in-process"}
     assert proxied <= set(emulated), proxied - set(emulated)
     for name, version in emulated.items():
         row = functions[name]
-        library = "nccl" if "nccl" in name else "cublas" if name.startswith("cublas") else "cudart"
+        library = ("nccl" if "nccl" in name else "cublasLt" if name.startswith("cublasLt") else
+                   "cublas" if name.startswith("cublas") else "cudart")
         assert row["version"] == version and row["library"] == library, row
     assert functions["cudaMalloc"] == {"library": "cudart", "version": "libcudart.so.13",
                                        "passthrough": "forwarded", "transparent": True}

@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from native_toolchain import CUBLAS_INCLUDE, CUDA_HOME, REQUIRES_CUBLAS_HEADER, REQUIRES_CUDA_TOOLCHAIN
+from native_toolchain import (CUBLAS_INCLUDE, CUDA_HOME, REQUIRES_CUBLAS_HEADER, REQUIRES_CUBLASLT_HEADER,
+                              REQUIRES_CUDA_TOOLCHAIN)
 from test_emulator import emulator  # noqa: F401  (fixture)
 from test_proxy import EMULATOR_BUILD, REMOTE_LIB, direct, env, proxy, remote, show  # noqa: F401
 from test_proxy_recovery import CHECKSUM, assert_recovered, torchrun
@@ -62,7 +63,24 @@ def test_the_remote_library_exports_every_cublas_function_the_emulator_implement
     # under the real library's version node, so that a program built against libcublas.so.13 binds to them
     assert exported["cublasSgemm_v2"] == "cublasSgemm_v2@@libcublas.so.13"
     # and every other function of the header too, as a refusal (nothing reaches a cuBLAS in the worker)
-    assert "cublasHgemm" in exported and "cublasLtMatmul" not in exported
+    assert "cublasHgemm" in exported
+
+
+@REQUIRES_CUBLASLT_HEADER
+def test_the_remote_library_exports_cublaslt_under_its_own_version_node(proxy):  # noqa: F811
+    """Every cuBLASLt function the emulator implements, and every other one of cublasLt.h as a refusal, under
+    libcublasLt.so.13's node: PyTorch's references (cublasLtMatmul@libcublasLt.so.13) bind to the worker's."""
+    def defined(lib: Path) -> dict[str, str]:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True,
+                             check=True).stdout
+        return {line.split()[2].split("@")[0]: line.split()[2] for line in out.splitlines() if len(line.split()) == 3}
+
+    emulated = {n for n in defined(EMULATOR_BUILD / "libcublasLt.so.13") if n.startswith("cublasLt")}
+    exported = defined(REMOTE_LIB)
+    assert emulated and not emulated - set(exported), sorted(emulated - set(exported))
+    for name in ("cublasLtMatmul", "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmulDescCreate",
+                 "cublasLtMatrixTransform", "cublasLtGetVersion"):
+        assert exported[name] == f"{name}@@libcublasLt.so.13", exported.get(name)
 
 
 @pytest.mark.parametrize("what", ["gemm", "errors"])
@@ -105,6 +123,70 @@ def test_jit_run_transparent_forwards_cublas_to_the_emulators_library(gemm_progr
     assert any(c.startswith("cuBLAS is forwarded to the device proxy: ") for c in transparent["caveats"]), transparent
 
 
+# ---- cuBLASLt: descriptors kept in the worker, each call carrying its own (interpose/remote/blaslt.c) ----
+
+LT_SOURCE = REPO / "tests" / "emulator_programs" / "cublaslt_gemm.c"
+
+
+@pytest.fixture(scope="module")
+def lt_program(proxy, tmp_path_factory) -> Path:  # noqa: F811
+    """tests/emulator_programs/cublaslt_gemm.c, linked against the emulated cuBLASLt, cuBLAS and runtime."""
+    assert (EMULATOR_BUILD / "libcublasLt.so.13").exists(), "make -C emulator built no libcublasLt.so.13"
+    out = tmp_path_factory.mktemp("cublaslt") / "cublaslt_gemm"
+    subprocess.run(["gcc", "-O1", "-ffp-contract=off", "-I", str(CUDA_HOME / "include"), "-I", str(CUBLAS_INCLUDE),
+                    "-o", str(out), str(LT_SOURCE), "-L", str(EMULATOR_BUILD), "-l:libcublasLt.so.13",
+                    "-l:libcublas.so.13", "-l:libcudart.so.13", "-lm"], check=True)
+    return out
+
+
+@REQUIRES_CUBLASLT_HEADER
+@pytest.mark.parametrize("what", ["matmul", "errors", "train"])
+def test_every_cublaslt_case_and_error_prints_the_same_through_the_proxy(lt_program, tmp_path, what):
+    """27 matmul cases (transposes, the bias/ReLU/GELU epilogues, strided batches, device scalars, in place, a
+    cuBLAS handle as the cuBLASLt handle), 78 statuses (wrong attribute sizes, unknown attributes, ROW order, the
+    heuristic's answer, defaults read back) and a 25-step training loop: the same bytes through the proxy."""
+    want = direct(lt_program, what)
+    assert want.returncode == 0 and "DONE" in want.stdout, show(want)
+    got = remote(lt_program, what, tmp_path=tmp_path)
+    assert got.returncode == 0, show(got)
+    assert got.stdout == want.stdout, show(got)
+    assert "is not supported in transparent mode" not in got.stderr, got.stderr
+    if what == "matmul":
+        assert want.stdout.count("CASE ") >= 27 and " exact=0 pad=0" in want.stdout
+    if what == "train":
+        assert re.search(r"checksum [0-9a-f]{16}", want.stdout), want.stdout
+
+
+@REQUIRES_CUBLASLT_HEADER
+@pytest.mark.parametrize("call", [15, 60, 140])
+def test_a_proxy_restart_in_the_middle_of_cublaslt_work_changes_nothing(lt_program, tmp_path, call):
+    """A restart before the program's Nth call: no descriptor lives in the proxy, the handles come back under
+    their ids (blas.c), and the program prints the same bytes."""
+    want = direct(lt_program, "all")
+    got = remote(lt_program, "all", tmp_path=tmp_path, extra={"JITCKPT_REMOTE_RESTART_AT": str(call)})
+    assert got.returncode == 0 and got.stdout == want.stdout, show(got)
+    assert "device proxy restarted (driver suspect)" in got.stderr and "refused" not in got.stderr, got.stderr
+
+
+@REQUIRES_CUBLASLT_HEADER
+def test_jit_run_transparent_forwards_cublaslt_and_doctor_says_so(lt_program):
+    want = direct(lt_program, "train")
+    e = env()
+    e["LD_LIBRARY_PATH"] = str(EMULATOR_BUILD)  # (the program itself is linked against the emulator)
+    got = subprocess.run([sys.executable, "-m", "jitckpt", "--transparent", "--emulated-gpus", "1",
+                          str(lt_program), "train"], env=e, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert got.returncode == 0, show(got)
+    assert got.stdout == want.stdout, show(got)
+    assert f"cuBLASLt {EMULATOR_BUILD / 'libcublasLt.so.13'}" in got.stderr, got.stderr
+    doctor = subprocess.run([sys.executable, "-m", "jitckpt", "doctor", "--json", str(lt_program)], env=e,
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    transparent = json.loads(doctor.stdout)["verdict"]["transparent"]
+    assert transparent["status"] == "ok", transparent
+    note = next(c for c in transparent["caveats"] if c.startswith("cuBLAS is forwarded to the device proxy: "))
+    assert "cublasLt" in note or "of the" in note, note
+    assert not any("cublasLt" in c and "refused" in c for c in transparent["caveats"]), transparent
+
+
 # ---- transparent recovery of a cuBLAS training program -----------------------------------------------
 
 
@@ -116,24 +198,35 @@ def blas_train(proxy, tmp_path_factory) -> Path:  # noqa: F811
     subprocess.run(["g++", "-O1", "-std=c++17", "-ffp-contract=off", "-I", str(CUDA_HOME / "include"), "-I",
                     str(CUBLAS_INCLUDE), "-I", str(NCCL_WHEEL / "include"), "-I", str(MLP_DIR), "-o", str(out),
                     str(TRAIN_SOURCE), str(MLP_DIR / "rendezvous.cpp"), "-L", str(EMULATOR_BUILD),
-                    "-l:libcublas.so.13", "-l:libnccl.so.2", "-l:libcudart.so.13", "-ldl"], check=True)
+                    "-l:libcublasLt.so.13", "-l:libcublas.so.13", "-l:libnccl.so.2", "-l:libcudart.so.13", "-ldl"],
+                   check=True)
     return out
 
 
-@pytest.fixture(scope="module")
-def blas_reference(blas_train, tmp_path_factory) -> str:
-    """The final checksum of a fault-free direct run (no proxy, no jitckpt)."""
-    proc = torchrun(blas_train, tmp_path_factory.mktemp("blas-reference"), through_proxy=False)
-    sums = set(CHECKSUM.findall(proc.stdout))
-    assert proc.returncode == 0 and len(sums) == 3 and len({s for _, s in sums}) == 1, proc.stdout + proc.stderr
-    return sums.pop()[1]
+_REFERENCES: dict[str, str] = {}
 
 
+def blas_reference(blas_train: Path, tmp_path: Path, lt: str) -> str:
+    """The final checksum of a fault-free direct run (no proxy, no jitckpt), once per variant."""
+    if lt not in _REFERENCES:
+        proc = torchrun(blas_train, tmp_path, through_proxy=False, extra={"BLAS_TRAIN_LT": lt})
+        sums = set(CHECKSUM.findall(proc.stdout))
+        assert proc.returncode == 0 and len(sums) == 3 and len({s for _, s in sums}) == 1, proc.stdout + proc.stderr
+        _REFERENCES[lt] = sums.pop()[1]
+    return _REFERENCES[lt]
+
+
+# cuBLAS GEMMs only, and the forward GEMM through cuBLASLt as PyTorch calls it (descriptors made per call)
+VARIANTS = [pytest.param("0", id="cublas"), pytest.param("1", id="cublaslt", marks=REQUIRES_CUBLASLT_HEADER)]
+
+
+@pytest.mark.parametrize("lt", VARIANTS)
 @pytest.mark.parametrize("fault,rank", [("hang", 1), ("sticky", 2)])
-def test_a_cublas_program_is_recovered_underneath_bit_exact(blas_train, blas_reference, tmp_path, fault, rank):
+def test_a_cublas_program_is_recovered_underneath_bit_exact(blas_train, tmp_path, fault, rank, lt):
+    reference = blas_reference(blas_train, tmp_path, lt)
     proc = torchrun(blas_train, tmp_path, True,
-                    {"JITCKPT_SIMDEV_FAULT": f"rank={rank},op=ncclAllReduce,call=9,kind={fault}"})
-    out = assert_recovered(proc, blas_reference, minibatch=7)
+                    {"JITCKPT_SIMDEV_FAULT": f"rank={rank},op=ncclAllReduce,call=9,kind={fault}", "BLAS_TRAIN_LT": lt})
+    out = assert_recovered(proc, reference, minibatch=7)
     # validation ran at minibatch 5 and found the replay (its cuBLAS calls included) faithful on every rank
     assert len(re.findall(r"replay validation at minibatch 5: the replay of \d+ calls reproduces", out)) == 3, out[-4000:]
     if fault == "sticky":  # a new proxy: the handle re-created, with its stream, workspace and modes

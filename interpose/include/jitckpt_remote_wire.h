@@ -182,4 +182,20 @@ struct jitckpt_wire_pinned_fd {
 #define JITCKPT_RET_RECOVER ((int32_t)0x6a6b0001)
 #define JITCKPT_RET_DROPPED ((int32_t)0x6a6b0002)
 
+/* cuBLASLt descriptors on the wire (issue 19; interpose/remote/blaslt.c, proxy_server/src/blaslt.c).
+ * A matmul descriptor, matrix layout or matmul preference is kept in the worker; a call that uses one
+ * carries it: this head, then n_attrs times (u32 attribute, u32 length, that many bytes of its value),
+ * in the order the program set them.  The proxy creates the real object, sets the attributes, makes
+ * the call and destroys it. */
+enum jitckpt_lt_kind { JITCKPT_LT_MATMUL_DESC = 1, JITCKPT_LT_LAYOUT, JITCKPT_LT_PREFERENCE };
+struct jitckpt_lt_head {
+    uint32_t kind;          /* enum jitckpt_lt_kind */
+    uint32_t n_attrs;
+    uint64_t a, b, c;       /* matmul: compute type, scale type; layout: data type, rows, cols */
+    int64_t d;              /* layout: leading dimension */
+};
+#define JITCKPT_LT_ATTR_MAX 64u      /* the largest attribute value the worker keeps (bytes) */
+#define JITCKPT_LT_MAX_ATTRS 64u
+struct jitckpt_lt_attr_size { uint32_t kind, id, size; };   /* generated from cublasLt.h (size 0: any) */
+
 #endif

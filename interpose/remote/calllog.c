@@ -118,6 +118,10 @@ static uint32_t classify(unsigned fn)
     case RFN_cudaGetDeviceFlags: case RFN_cudaStreamGetDevice: case RFN_cudaStreamGetId:
     case RFN_cudaStreamIsCapturing: case RFN_cudaFuncGetAttributes: case RFN_cudaPointerGetAttributes:
     case RFN_cudaProfilerStart: case RFN_cudaProfilerStop: case RFN_cudaLibraryGetKernelCount:
+#ifdef JITCKPT_REMOTE_CUBLASLT
+    case RFN_cublasLtMatmulAlgoGetHeuristic: case RFN_cublasLtMatmulDescGetAttribute:
+    case RFN_cublasLtMatrixLayoutGetAttribute: case RFN_cublasLtMatmulPreferenceGetAttribute:
+#endif
         return LOG_SKIP;
     case RFN_cudaEventCreate: case RFN_cudaEventCreateWithFlags: case RFN_cudaEventDestroy:
     case RFN_cudaStreamCreate: case RFN_cudaStreamCreateWithFlags: case RFN_cudaStreamCreateWithPriority:

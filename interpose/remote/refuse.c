@@ -72,7 +72,8 @@ void *remote_local_fn(void **cache, const char *name, int lib)
     if (fn)
         return fn;
     const char *soname = lib == remote_next_cudart ? "libcudart.so.13"
-                         : lib == remote_next_cublas ? "libcublas.so.13" : "libnccl.so.2";
+                         : lib == remote_next_cublas ? "libcublas.so.13"
+                         : lib == remote_next_cublaslt ? "libcublasLt.so.13" : "libnccl.so.2";
     fn = lib == remote_next_nccl ? dlsym(RTLD_NEXT, name) : dlvsym(RTLD_NEXT, name, soname);
     if (fn == NULL) {
         rlog("%s: no %s is loaded after this library; aborting", name, soname);

@@ -28,6 +28,10 @@
 #ifdef JITCKPT_REMOTE_CUBLAS      /* the build forwards cuBLAS (interpose/Makefile: CUBLAS_INCLUDE) */
 #include <cublas_api.h>
 #endif
+#ifdef JITCKPT_REMOTE_CUBLASLT    /* and cuBLASLt (cublasLt.h beside it; remote/blaslt.c) */
+#include <stdio.h>
+#include <cublasLt.h>
+#endif
 
 #include "jitckpt_remote_wire.h"
 #include "remote_fns.h"
@@ -189,7 +193,7 @@ void remote_driver_called(const char *function, const void *caller) __attribute_
 void remote_pure_call(int entering);
 
 /* refuse.c too: pure functions (cudaGetErrorString) called in-process */
-enum { remote_next_cudart, remote_next_nccl, remote_next_cublas };
+enum { remote_next_cudart, remote_next_nccl, remote_next_cublas, remote_next_cublaslt };
 #ifdef JITCKPT_REMOTE_CUBLAS
 /* blas.c: each cuBLAS handle's pointer mode and stream, as the worker set them */
 void remote_blas_created(cublasHandle_t *h);

@@ -519,3 +519,21 @@ CUBLAS: dict[str, Fact] = {
     "cublasGemmEx": _gemm(_SCALAR_OF_COMPUTE),
     "cublasGemmStridedBatchedEx": _gemm(_SCALAR_OF_COMPUTE),
 }
+
+# ---- cuBLASLt (issue 19): forwarded when the build also has cublasLt.h (gen_interpose.py --cublaslt-header).
+# Written by hand (interpose/remote/blaslt.c, proxy_server/src/blaslt.c), not generated: a descriptor
+# (matmul, matrix layout, preference) is a host-only object, so the worker keeps it itself and each
+# cublasLtMatmul or heuristic query carries the descriptors it uses; nothing about a descriptor lives in the
+# proxy, so a restart or a replay has none to re-create.  A cuBLASLt handle is a cuBLAS handle (cuBLAS
+# documents that any cublasHandle_t serves as a cublasLtHandle_t, and PyTorch passes its cuBLAS handle):
+# cublasLtCreate makes one through cublasCreate_v2, re-created after a restart as every cuBLAS handle is.
+# Every other function of cublasLt.h is refused by name.  These names get remote function ids; those that
+# never leave the worker (the descriptors' create, set and destroy) simply never use theirs.
+CUBLASLT_HAND = ("cublasLtCreate", "cublasLtDestroy", "cublasLtGetStatusName", "cublasLtGetStatusString",
+                 "cublasLtMatmul", "cublasLtMatmulAlgoGetHeuristic",
+                 "cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute",
+                 "cublasLtMatmulDescGetAttribute",
+                 "cublasLtMatrixLayoutCreate", "cublasLtMatrixLayoutDestroy", "cublasLtMatrixLayoutSetAttribute",
+                 "cublasLtMatrixLayoutGetAttribute",
+                 "cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceDestroy",
+                 "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulPreferenceGetAttribute")

@@ -53,12 +53,12 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_facts import CUBLAS, FACTS, HIDDEN_HAND, Fact  # noqa: E402
+from api_facts import CUBLAS, CUBLASLT_HAND, FACTS, HIDDEN_HAND, Fact  # noqa: E402
 import gen_remote  # noqa: E402
 
 GENERATOR = "interpose/tools/gen_interpose.py"
 CONTROL_NODE = "JITCKPT_INTERPOSE_1"
-CUDART, NCCL, CUBLAS_LIB = "cudart", "nccl", "cublas"
+CUDART, NCCL, CUBLAS_LIB, CUBLASLT_LIB = "cudart", "nccl", "cublas", "cublasLt"
 NOT_FOUND = {CUDART: "cudaErrorSharedObjectSymbolNotFound", NCCL: "ncclSystemError"}
 
 
@@ -173,8 +173,8 @@ def parse_nccl_header(path: Path) -> dict[str, Proto]:
     return protos
 
 
-def parse_cublas_header(path: Path) -> dict[str, Proto]:
-    """The prototypes of cuBLAS's cublas_api.h (``cublasStatus_t CUBLASWINAPI cublasSgemm_v2(...)``)."""
+def parse_cublas_header(path: Path, least: int = 100, what: str = "cuBLAS's cublas_api.h") -> dict[str, Proto]:
+    """The prototypes of cuBLAS's cublas_api.h or cublasLt.h (``cublasStatus_t CUBLASWINAPI cublasSgemm_v2(...)``)."""
     text = strip_comments(path.read_text(encoding="utf-8", errors="replace"))
     protos: dict[str, Proto] = {}
     decl = re.compile(r"^[ \t]*((?:const\s+)?\w+(?:\s*\*)*)\s*\bCUBLASWINAPI\s+(cublas\w+)\s*\(([^;{}]*)\)\s*;",
@@ -183,8 +183,18 @@ def parse_cublas_header(path: Path) -> dict[str, Proto]:
         params = parse_params(m.group(3), m.group(2))
         if params is not None and m.group(2) not in protos:
             protos[m.group(2)] = Proto(normalize_type(m.group(1)), m.group(2), params)
-    if len(protos) < 100:
-        raise GenError(f"{path}: only {len(protos)} cuBLAS prototypes parsed; is it cuBLAS's cublas_api.h?")
+    if len(protos) < least:
+        raise GenError(f"{path}: only {len(protos)} cuBLAS prototypes parsed; is it {what}?")
+    return protos
+
+
+def parse_cublaslt_header(path: Path) -> dict[str, Proto]:
+    """The prototypes of cuBLASLt's cublasLt.h; every function transparent mode writes by hand must be there."""
+    protos = {n: p for n, p in parse_cublas_header(path, 30, "cuBLASLt's cublasLt.h").items()
+              if n.startswith("cublasLt")}
+    absent = [n for n in CUBLASLT_HAND if n not in protos]
+    if absent:
+        raise GenError(f"{path} does not declare {', '.join(absent)} (interpose/tools/api_facts.py: CUBLASLT_HAND)")
     return protos
 
 
@@ -199,6 +209,49 @@ def describe_cublas(path: Path) -> tuple[dict[str, "Function"], dict[str, Proto]
         check_fact(name, protos[name], fact)
         functions[name] = Function(name, CUBLAS_LIB, protos[name], fact, "")
     return functions, protos
+
+
+# The three attribute enums of cublasLt.h whose values the worker keeps (interpose/remote/blaslt.c).
+LT_ATTRIBUTE_ENUMS = {"cublasLtMatmulDescAttributes_t": "JITCKPT_LT_MATMUL_DESC",
+                      "cublasLtMatrixLayoutAttribute_t": "JITCKPT_LT_LAYOUT",
+                      "cublasLtMatmulPreferenceAttributes_t": "JITCKPT_LT_PREFERENCE"}
+_LT_TYPE_BYTES = {"int8_t": 1, "uint8_t": 1, "int16_t": 2, "uint16_t": 2, "int32_t": 4, "uint32_t": 4,
+                  "int64_t": 8, "uint64_t": 8, "float": 4, "double": 8, "void *": 8, "const void *": 8}
+
+
+def lt_attribute_sizes(path: Path) -> list[tuple[str, str, int, int]]:
+    """(kind, attribute, value, size) of every attribute of cublasLt.h's three attribute enums.
+
+    The size is that of the type its comment documents (``* int32_t, default: ...``, ``Bias case: const
+    void *, ...``), 0 where the comment names none: the worker then accepts any size and the library checks
+    it when a call carries the attribute."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    line_type = re.compile(r"^\s*\*\s*(?:[\w ]+:\s*)?(const void \*|void \*|u?int(?:8|16|32|64)_t|float|double)\s*(?:[,;]|\s+based\b|$)",
+                           re.M)
+    out = []
+    for enum, kind in LT_ATTRIBUTE_ENUMS.items():
+        m = re.search(r"typedef\s+enum\s*\{(?P<body>(?:(?!typedef).)*?)\}\s*" + enum + r"\s*;", text, re.S)
+        if m is None:
+            raise GenError(f"{path}: no 'typedef enum {{ ... }} {enum};'")
+        previous = 0
+        body = m.group("body")
+        for member in re.finditer(r"^\s*(CUBLASLT_\w+)\s*=\s*(\d+)\s*,?", body, re.M):
+            doc = body[previous:member.start()]
+            previous = member.end()
+            found = line_type.search(doc)
+            out.append((kind, member.group(1), int(member.group(2)), _LT_TYPE_BYTES[found.group(1)] if found else 0))
+        if not any(k == kind for k, *_ in out):
+            raise GenError(f"{path}: {enum} has no members")
+    return out
+
+
+def lt_attribute_table(sizes: list[tuple[str, str, int, int]]) -> str:
+    """The C table remote/blaslt.c checks a SetAttribute against (appended to remote_stubs.c)."""
+    rows = [f"    {{{kind}, {value}, {size}}},  /* {name} */" for kind, name, value, size in sizes]
+    return "\n".join(["", "/* cuBLASLt's attributes and the size of each value (0: not documented), from cublasLt.h:",
+                      " * remote/blaslt.c refuses an unknown attribute or a wrong size as cuBLASLt does. */",
+                      "const struct jitckpt_lt_attr_size remote_lt_attr_sizes[] = {", *rows, "};",
+                      f"const unsigned remote_lt_attr_count = {len(sizes)};", ""])
 
 
 def version_code(major: int, minor: int, patch: int) -> int:
@@ -476,6 +529,8 @@ def coverage(functions: dict[str, Function], soname: str, remote: tuple[dict[str
     names = {name for f in functions.values() for name, _ in f.flavours()} | set(handled) | set(refused)
 
     def row(name: str) -> tuple[str, str | None]:
+        if name.startswith("cublasLt"):
+            return CUBLASLT_LIB, "libcublasLt.so.13"
         if name.startswith("cublas"):
             return CUBLAS_LIB, "libcublas.so.13"
         library = NCCL if name.startswith(("nccl", "pnccl")) else CUDART
@@ -531,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cublas-header", type=Path, default=None,
                         help="cuBLAS's cublas_api.h: transparent mode then forwards cuBLAS (api_facts.CUBLAS); "
                              "without it every cuBLAS call meets the driver fence")
+    parser.add_argument("--cublaslt-header", type=Path, default=None,
+                        help="cuBLASLt's cublasLt.h (with --cublas-header): transparent mode then forwards "
+                             "cuBLASLt too (api_facts.CUBLASLT_HAND, interpose/remote/blaslt.c)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--remote", action="store_true",
                         help="write the remote-mode files instead (gen_remote.py): the worker stubs of "
@@ -580,9 +638,19 @@ def remote_files(args: argparse.Namespace, functions: dict[str, Function], facts
         blas_functions, blas = describe_cublas(args.cublas_header)
         functions = {**functions, **blas_functions}
         inputs.insert(2, args.cublas_header)
-    return gen_remote.generate(functions, cuda, nccl, twins, names, newer, HIDDEN_HAND,
-                               banner("Remote mode (transparent mode): see proxy_server/README.md.", inputs),
-                               args.cudart_soname, blas)
+    hand = HIDDEN_HAND
+    if args.cublaslt_header is not None:
+        if args.cublas_header is None:
+            raise GenError("--cublaslt-header needs --cublas-header (a cuBLASLt handle is a cuBLAS handle)")
+        blas = {**blas, **parse_cublaslt_header(args.cublaslt_header)}
+        hand = (*hand, *CUBLASLT_HAND)
+        inputs.insert(3, args.cublaslt_header)
+    files = gen_remote.generate(functions, cuda, nccl, twins, names, newer, hand,
+                                banner("Remote mode (transparent mode): see proxy_server/README.md.", inputs),
+                                args.cudart_soname, blas)
+    if args.cublaslt_header is not None:
+        files["remote_stubs.c"] += lt_attribute_table(lt_attribute_sizes(args.cublaslt_header))
+    return files
 
 
 def remote_main(args: argparse.Namespace, facts_file: Path) -> int:

@@ -67,7 +67,8 @@ ERROR_TYPES = {"cudaError_t": "cudaErrorNotSupported", "ncclResult_t": "ncclInva
 # What a call returns when there is no proxy to call (remote_begin failed).
 UNAVAILABLE = {"ncclResult_t": "ncclSystemError", "cublasStatus_t": "CUBLAS_STATUS_NOT_INITIALIZED"}
 # Where the real library's pure functions are looked up (remote_local_fn in refuse.c).
-NEXT_LIBRARY = {"cudart": "remote_next_cudart", "nccl": "remote_next_nccl", "cublas": "remote_next_cublas"}
+NEXT_LIBRARY = {"cudart": "remote_next_cudart", "nccl": "remote_next_nccl", "cublas": "remote_next_cublas",
+                "cublasLt": "remote_next_cublaslt"}
 HIDDEN_PROTOS = {
     "__cudaRegisterFatBinary": "void **__cudaRegisterFatBinary(void *fatCubin)",
     "__cudaRegisterFatBinaryEnd": "void __cudaRegisterFatBinaryEnd(void **fatCubinHandle)",
@@ -373,7 +374,8 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
         if name in done:
             continue
         proto = cuda.get(name) or nccl.get(name) or blas.get(name)
-        library = "nccl" if name in nccl else "cublas" if name in blas else "cudart"
+        library = ("nccl" if name in nccl else "cublasLt" if name.startswith("cublasLt") else
+                   "cublas" if name in blas else "cudart")
         fact = functions.get(name)
         if proto.ret in ERROR_TYPES:
             reason = fact.fact.refused if fact and fact.fact.refused else "not marshalled by remote mode yet"
@@ -418,9 +420,13 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
         done.add(name)
     stubs.append("/* Not exported (they bind to the real library; none touches device state): "
                  + ", ".join(skipped) + " */\n")
-    cuda_exports = sorted({n for n, lib in exported if lib == "cudart"} | {n for n in hand_names if not n.startswith("nccl")})
+    cuda_exports = sorted({n for n, lib in exported if lib == "cudart"} |
+                          {n for n in hand_names if not n.startswith(("nccl", "cublas"))})
     blas_exports = sorted(n for n, lib in exported if lib == "cublas")
     blas_node = ["libcublas.so.13 {", "  global:", *[f"    {n};" for n in blas_exports], "};", ""] if blas_exports else []
+    lt_exports = sorted({n for n, lib in exported if lib == "cublasLt"} | {n for n in hand_names if n.startswith("cublasLt")})
+    if lt_exports:       # cuBLASLt's own version node, as the real libcublasLt.so.13 has
+        blas_node += ["libcublasLt.so.13 {", "  global:", *[f"    {n};" for n in lt_exports], "};", ""]
     mapfile = "\n".join([banner.rstrip("\n"), f"{soname} {{", "  global:", *[f"    {n};" for n in cuda_exports],
                          "};", "", *blas_node, "JITCKPT_REMOTE_1 {", "  global:", "    jitckpt_remote_*;",
                          "    jitckpt_phase_*;", "};", ""])

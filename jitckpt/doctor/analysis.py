@@ -494,9 +494,12 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
     t_notes: list[str] = []  # what transparent mode does with a library, said whatever the verdict
     static_deps = [o for o in objects[1:] if o.static_runtime and o.role not in (ROLE_NCCL, ROLE_EMULATED_NCCL)]
     blas_forwarded = bool(coverage.lookup(CUBLAS))
+    lt_forwarded = "cublasLtMatmul" in coverage.lookup(CUBLAS)  # (a build with cublasLt.h too)
     for o in static_deps:
         if blas_forwarded and o.obj.file_name_starts(("libcublas.so",)):
             continue  # its API is forwarded (below): the worker never calls into it
+        if lt_forwarded and o.obj.file_name_starts(("libcublasLt.so",)):
+            continue  # likewise cuBLASLt's
         when_called.append(Reason(f"{o.obj.name} has its own static CUDA runtime",
                                   "; ".join(o.static_runtime) + ". Its GPU work would bypass the device proxy: "
                                   "the job stops at its first call that opens the CUDA driver"))

@@ -46,7 +46,7 @@ COVERAGE_FILE = "gen/coverage.json"
 NOT_BUILT = ("coverage unknown: the interposer's coverage list (" + COVERAGE_FILE + ") is not built; run "
              "`make -C interpose` in the jitckpt source tree, or reinstall jitckpt")
 # The list's library names -> the symbol category their functions belong to.
-_LIBRARIES = {"cudart": RUNTIME, "nccl": NCCL, "cublas": CUBLAS}
+_LIBRARIES = {"cudart": RUNTIME, "nccl": NCCL, "cublas": CUBLAS, "cublasLt": CUBLAS}  # (cuBLASLt: judged with cuBLAS)
 _PASSTHROUGH_MODES = ("wrapped", "forwarded")
 
 

@@ -178,7 +178,7 @@ def parse_command(command: list[str]) -> Job:
 
 def worker_command(job: Job, proxy: Path, socket_template: str, preload: Path,
                    cudart: Optional[str] = None, nccl: Optional[str] = None,
-                   cublas: Optional[str] = None) -> list[str]:
+                   cublas: Optional[str] = None, cublaslt: Optional[str] = None) -> list[str]:
     """The command that starts the job: torchrun (or, bare, one proxy) with every worker behind its own proxy."""
     behind_proxy = [str(proxy), "--socket", socket_template]
     if cudart:
@@ -187,6 +187,8 @@ def worker_command(job: Job, proxy: Path, socket_template: str, preload: Path,
         behind_proxy += ["--nccl", nccl]
     if cublas:
         behind_proxy += ["--cublas", cublas]
+    if cublaslt:
+        behind_proxy += ["--cublaslt", cublaslt]
     behind_proxy += ["--preload", str(preload), "--", *job.program]
     if job.torchrun_options is None:
         return behind_proxy
@@ -279,11 +281,12 @@ def check_python(job: Job, env: dict[str, str]) -> tuple[list[str], Any]:
 CUDART_SONAME = "libcudart.so.13"
 NCCL_SONAME = "libnccl.so.2"
 CUBLAS_SONAME = "libcublas.so.13"
+CUBLASLT_SONAME = "libcublasLt.so.13"
 
 
 @dataclass
 class ProxyLibraries:
-    """The CUDA runtime, NCCL and cuBLAS every proxy of the job loads, each with how it was chosen."""
+    """The CUDA runtime, NCCL, cuBLAS and cuBLASLt every proxy of the job loads, each with how it was chosen."""
 
     cudart: str
     cudart_how: str
@@ -291,6 +294,8 @@ class ProxyLibraries:
     nccl_how: str
     cublas: Optional[str] = None   # None: the program loads none (its cuBLAS calls, if any, fail by name)
     cublas_how: str = ""
+    cublaslt: Optional[str] = None  # None: the program loads none
+    cublaslt_how: str = ""
 
     def line(self) -> str:
         """The one line jit-run says about them."""
@@ -302,6 +307,9 @@ class ProxyLibraries:
             line = f"proxy: CUDA runtime {self.cudart} ({self.cudart_how}), NCCL {self.nccl} ({self.nccl_how})"
         if self.cublas is not None:
             line += f"; cuBLAS {self.cublas}" + ("" if self.cublas_how == self.cudart_how else f" ({self.cublas_how})")
+        if self.cublaslt is not None:
+            line += f"; cuBLASLt {self.cublaslt}" + ("" if self.cublaslt_how == self.cudart_how
+                                                     else f" ({self.cublaslt_how})")
         return line
 
 
@@ -391,10 +399,14 @@ def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) ->
 
         build = emulator.library_dir()
         how = f"the CPU device emulator: --emulated-gpus {args.emulated_gpus}"
-        cublas = build / CUBLAS_SONAME  # (for a program that loads cuBLAS)
-        uses_cublas = cublas.exists() and report is not None and _in_closure(report, CUBLAS_SONAME) is not None
+
+        def emulated(soname: str) -> Optional[str]:  # (for a program that loads that library)
+            path = build / soname
+            used = path.exists() and report is not None and _in_closure(report, soname) is not None
+            return str(path) if used else None
+
         return ProxyLibraries(str(build / CUDART_SONAME), how, str(build / NCCL_SONAME), how,
-                              str(cublas) if uses_cublas else None, how)
+                              emulated(CUBLAS_SONAME), how, emulated(CUBLASLT_SONAME), how)
     cudart = _choose(args.proxy_cudart, "--proxy-cudart", CUDART_SONAME, report, env)
     if cudart is None:
         where = _searched(report, env) if report is not None else "nothing (no analysis of the program)"
@@ -410,16 +422,18 @@ def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) ->
                       f"({emulated.path}, {emulated.how}) with the real {Path(real.path).name} ({real.path}, "
                       f"{real.how}), which cannot work together: put both of one kind first on LD_LIBRARY_PATH, name "
                       "them with --proxy-cudart and --proxy-nccl, or give --emulated-gpus N")
-    # cuBLAS (forwarded at the library level): the one the program loads, of the runtime's kind.
-    cublas = _in_closure(report, CUBLAS_SONAME) if report is not None else None
-    if cublas is not None and cublas.emulated != cudart.emulated:
-        cublas = None
-    cublas_path, cublas_how = (cublas.path, cublas.described()) if cublas is not None else (None, "")
+    # cuBLAS and cuBLASLt (forwarded at the library level): the ones the program loads, of the runtime's kind.
+    def loaded(soname: str) -> tuple[Optional[str], str]:
+        found = _in_closure(report, soname) if report is not None else None
+        if found is None or found.emulated != cudart.emulated:
+            return None, ""
+        return found.path, found.described()
+
+    blas = (*loaded(CUBLAS_SONAME), *loaded(CUBLASLT_SONAME))
     if nccl is None:
         return ProxyLibraries(cudart.path, cudart.described(), None,
-                              f"{target} does not use NCCL and none is on its library search path",
-                              cublas_path, cublas_how)
-    return ProxyLibraries(cudart.path, cudart.described(), nccl.path, nccl.described(), cublas_path, cublas_how)
+                              f"{target} does not use NCCL and none is on its library search path", *blas)
+    return ProxyLibraries(cudart.path, cudart.described(), nccl.path, nccl.described(), *blas)
 
 
 def native_parts() -> tuple[Path, Path]:
@@ -533,7 +547,8 @@ def prepare(args: Any, given: Sequence[str] = ()) -> Launch:
     env.pop(config.ENV_ACTIVE, None)  # user-level mode's runtime stays off in transparent mode
     if "hang_timeout" in given:  # else the user's JITCKPT_HANG_TIMEOUT, or the remote library's default
         env[config.ENV_HANG_TIMEOUT] = str(float(args.hang_timeout))  # read by the remote library's recovery
-    command = worker_command(job, proxy, template, remote, libraries.cudart, libraries.nccl, libraries.cublas)
+    command = worker_command(job, proxy, template, remote, libraries.cudart, libraries.nccl, libraries.cublas,
+                             libraries.cublaslt)
     return Launch(command, env, directory, job, notes, libraries)
 
 

@@ -46,6 +46,7 @@ int alloc_is_deferred(const void *p);                          /* alloc.c: cudaF
 int32_t dispatch_nccl_init_all(struct rdisp *d);               /* nccl_init.c */
 int32_t dispatch_hostfn(unsigned fn, struct rdisp *d);         /* hostfn.c */
 int32_t dispatch_library(unsigned fn, struct rdisp *d);        /* library.c */
+int32_t dispatch_blaslt(unsigned fn, struct rdisp *d);         /* blaslt.c (JITCKPT_REMOTE_CUBLASLT) */
 int32_t dispatch_capture_info(struct rdisp *d);                /* graphs.c */
 const void *rd_func(const void *func);       /* a kernel's virtual id -> the runtime's handle; a host stub as is */
 int32_t dispatch_nccl_last_error(struct rdisp *d);             /* nccl_init.c */

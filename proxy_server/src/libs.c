@@ -1,9 +1,9 @@
 /* libs.c -- loading the CUDA runtime and NCCL the proxy executes calls with.
  *
  * Paths, first match wins: the command-line option (--cudart, --nccl,
- * --cublas), the environment (JITCKPT_PROXY_CUDART, JITCKPT_PROXY_NCCL,
- * JITCKPT_PROXY_CUBLAS), and last the sonames (libcudart.so.13,
- * libnccl.so.2, libcublas.so.13) through the ordinary search path
+ * --cublas, --cublaslt), the environment (JITCKPT_PROXY_CUDART, JITCKPT_PROXY_NCCL,
+ * JITCKPT_PROXY_CUBLAS, JITCKPT_PROXY_CUBLASLT), and last the sonames (libcudart.so.13,
+ * libnccl.so.2, libcublas.so.13, libcublasLt.so.13) through the ordinary search path
  * (LD_LIBRARY_PATH, ld.so.cache): what a program run in the same
  * environment would load.  The CPU device emulator is never a default
  * (DESIGN decision 7): it is loaded only when asked for, by its path or by
@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-void *cudart, *nccl, *cublas;
+void *cudart, *nccl, *cublas, *cublaslt;
 
 /* The first of two paths relative to this executable's directory that exists, or NULL. */
 const char *default_sibling(const char *rel1, const char *rel2)
@@ -86,7 +86,15 @@ int libs_load(const struct proxy_options *o)
         plog("cannot load cuBLAS %s: %s (set --cublas or " PROXY_ENV_CUBLAS "); cuBLAS calls will fail", bl, dlerror());
     else if (!cublas)
         pdebug("no cuBLAS (%s: %s); cuBLAS calls will fail", bl, dlerror());
-    pdebug("CUDA runtime %s, NCCL %s, cuBLAS %s", rt, nc, cublas ? bl : "none");
+    int lt_chosen;
+    const char *lt = choose(o->cublaslt_path, PROXY_ENV_CUBLASLT, "libcublasLt.so.13", &lt_chosen);
+    cublaslt = dlopen(lt, RTLD_NOW | RTLD_GLOBAL);
+    if (!cublaslt && lt_chosen)
+        plog("cannot load cuBLASLt %s: %s (set --cublaslt or " PROXY_ENV_CUBLASLT "); cuBLASLt calls will fail", lt,
+             dlerror());
+    else if (!cublaslt)
+        pdebug("no cuBLASLt (%s: %s); cuBLASLt calls will fail", lt, dlerror());
+    pdebug("CUDA runtime %s, NCCL %s, cuBLAS %s, cuBLASLt %s", rt, nc, cublas ? bl : "none", cublaslt ? lt : "none");
     return 0;
 }
 

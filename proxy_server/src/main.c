@@ -71,7 +71,7 @@ void pdebug(const char *fmt, ...)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: jitckpt-proxy --socket PATH [--cudart PATH] [--nccl PATH] [--cublas PATH] [--preload PATH]\n"
+    fprintf(stderr, "usage: jitckpt-proxy --socket PATH [--cudart PATH] [--nccl PATH] [--cublas PATH] [--cublaslt PATH] [--preload PATH]\n"
                     "                     [--worker-pid PID] [--arena-mib N] [--verbose] [-- PROGRAM ARGS...]\n"
                     "  in --socket PATH: %%r = $RANK, %%l = $LOCAL_RANK (0 when unset), %%%% = %%\n");
     exit(2);
@@ -156,6 +156,8 @@ static void parse(int argc, char **argv, struct proxy_options *o)
             o->nccl_path = v;
         else if (strcmp(a, "--cublas") == 0)
             o->cublas_path = v;
+        else if (strcmp(a, "--cublaslt") == 0)
+            o->cublaslt_path = v;
         else if (strcmp(a, "--preload") == 0)
             o->preload_path = v;
         else if (strcmp(a, "--worker-pid") == 0)

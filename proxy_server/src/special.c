@@ -258,6 +258,11 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
     case RFN___cudaGetKernel: return get_kernel(d);
     case RFN_cudaLaunchKernel: return launch(d, 0);
     case RFN___cudaLaunchKernel: return launch(d, 1);
+#ifdef JITCKPT_REMOTE_CUBLASLT
+    case RFN_cublasLtMatmul: case RFN_cublasLtMatmulAlgoGetHeuristic: case RFN_cublasLtMatmulDescGetAttribute:
+    case RFN_cublasLtMatrixLayoutGetAttribute: case RFN_cublasLtMatmulPreferenceGetAttribute:
+        return dispatch_blaslt(fn, d);                                            /* blaslt.c */
+#endif
     case JITCKPT_RFN_PARAM_SIZES: return param_sizes(d);
     case JITCKPT_RFN_HOST_REGISTER:
     case JITCKPT_RFN_HOST_UNREGISTER: return dispatch_pinned(fn, d);      /* pinned.c */

@@ -187,6 +187,9 @@ static void classify(void)
     }
     kinds[RFN_cudaLaunchKernel] = K_WORK;
     kinds[RFN___cudaLaunchKernel] = K_WORK;
+#ifdef JITCKPT_REMOTE_CUBLASLT
+    kinds[RFN_cublasLtMatmul] = K_WORK;        /* a GEMM on the stream it names (blaslt.c) */
+#endif
     kinds_ready = 1;
 }
 

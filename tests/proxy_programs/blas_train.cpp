@@ -7,6 +7,10 @@
 //   ncclAllReduce(g, sum)      on a stream of its own, ordered with events
 //   W  -= lr / world * g       cublasSgemm with an identity matrix (beta = 1), between
 //                              jitckpt_phase_optimizer_begin/end when they exist
+// With --lt 1 (or BLAS_TRAIN_LT=1) the forward GEMM is a cublasLtMatmul instead, called as PyTorch calls it: the cuBLAS
+// handle cast to a cuBLASLt handle, a matmul descriptor, four layouts and a preference created, set
+// and destroyed around every call, the algorithm from cublasLtMatmulAlgoGetHeuristic, the workspace,
+// and a fixed bias b through the BIAS epilogue (err = W x + b - y).
 // The handle works on a created stream with the device pointer mode for the optimizer's
 // scalars (in device memory) and the host mode for the others, and a workspace: what a
 // recovery must give back to a new proxy.  No kernel of its own, so no nvcc and no
@@ -15,6 +19,7 @@
 //   [rank R] final parameters checksum <FNV-1a 64 of W>
 // and exits 1 at any failed call.
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -67,15 +72,56 @@ uint64_t fnv1a64(const void *p, size_t n)
     return h;
 }
 
+// err = W x + b - y as PyTorch's addmm does it through cuBLASLt (everything created per call).
+void lt_forward(cublasLtHandle_t lt, const float *w, const float *x, const float *b, float *err, void *workspace,
+                size_t workspace_bytes, cudaStream_t stream)
+{
+    cublasLtMatmulDesc_t desc;
+    BLAS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_n = CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof op_n));
+    BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof op_n));
+    BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    BLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b, sizeof b));
+    cublasLtMatrixLayout_t a_l, b_l, c_l;
+    BLAS(cublasLtMatrixLayoutCreate(&a_l, CUDA_R_32F, kOut, kIn, kOut));
+    BLAS(cublasLtMatrixLayoutCreate(&b_l, CUDA_R_32F, kIn, kBatch, kIn));
+    BLAS(cublasLtMatrixLayoutCreate(&c_l, CUDA_R_32F, kOut, kBatch, kOut));
+    cublasLtMatmulPreference_t pref;
+    BLAS(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = workspace_bytes;
+    BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t found = {};
+    int n = 0;
+    BLAS(cublasLtMatmulAlgoGetHeuristic(lt, desc, a_l, b_l, c_l, c_l, pref, 1, &found, &n));
+    check(n == 1, "cublasLtMatmulAlgoGetHeuristic", __LINE__, "no algorithm");
+    int32_t scale_type = -1;
+    size_t written = 0;  // an attribute never set: the library's default, the creation's scale type
+    BLAS(cublasLtMatmulDescGetAttribute(desc, CUBLASLT_MATMUL_DESC_SCALE_TYPE, &scale_type, sizeof scale_type,
+                                        &written));
+    check(scale_type == CUDA_R_32F && written == sizeof scale_type, "the scale type", __LINE__, "not CUDA_R_32F");
+    const float one = 1.0f, minus_one = -1.0f;
+    BLAS(cublasLtMatmul(lt, desc, &one, w, a_l, x, b_l, &minus_one, err, c_l, err, c_l, &found.algo, workspace,
+                        workspace_bytes, stream));
+    BLAS(cublasLtMatmulPreferenceDestroy(pref));
+    BLAS(cublasLtMatrixLayoutDestroy(c_l));
+    BLAS(cublasLtMatrixLayoutDestroy(b_l));
+    BLAS(cublasLtMatrixLayoutDestroy(a_l));
+    BLAS(cublasLtMatmulDescDestroy(desc));
+}
+
 }  // namespace
 
 int main(int argc, char **argv)
 {
-    int steps = 13;
+    int steps = 13, lt = std::getenv("BLAS_TRAIN_LT") ? std::atoi(std::getenv("BLAS_TRAIN_LT")) : 0;
     std::string dir;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!std::strcmp(argv[i], "--steps"))
             steps = std::atoi(argv[i + 1]);
+        else if (!std::strcmp(argv[i], "--lt"))
+            lt = std::atoi(argv[i + 1]);
         else if (!std::strcmp(argv[i], "--rendezvous-dir"))
             dir = argv[i + 1];
     }
@@ -116,7 +162,10 @@ int main(int argc, char **argv)
         w[i] = 0.1f * uniform(1000 + i);  // the same initial W on every rank
     for (int i = 0; i < kOut; i++)
         ident[i * kOut + i] = 1.0f;
-    float *d_w, *d_ident, *d_batch, *d_err, *d_g, *d_scalars;
+    std::vector<float> bias(kOut);
+    for (int i = 0; i < kOut; i++)
+        bias[i] = 0.05f * uniform(5000 + i);
+    float *d_w, *d_ident, *d_batch, *d_err, *d_g, *d_scalars, *d_bias;
     void *d_workspace;
     CUDA(cudaMalloc((void **)&d_w, w.size() * sizeof(float)));
     CUDA(cudaMalloc((void **)&d_ident, ident.size() * sizeof(float)));
@@ -125,6 +174,8 @@ int main(int argc, char **argv)
     CUDA(cudaMalloc((void **)&d_g, kOut * kIn * sizeof(float)));
     CUDA(cudaMalloc((void **)&d_scalars, 2 * sizeof(float)));
     CUDA(cudaMalloc(&d_workspace, 1 << 16));
+    CUDA(cudaMalloc((void **)&d_bias, kOut * sizeof(float)));
+    CUDA(cudaMemcpy(d_bias, bias.data(), kOut * sizeof(float), cudaMemcpyHostToDevice));
     const float lr = 0.05f, scalars[2] = {-lr / (float)world, 1.0f};  // the optimizer's alpha and beta
     CUDA(cudaMemcpy(d_w, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
     CUDA(cudaMemcpy(d_ident, ident.data(), ident.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -156,8 +207,12 @@ int main(int argc, char **argv)
         }
         CUDA(cudaMemcpyAsync(d_batch, batch.data(), batch.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
         CUDA(cudaMemcpyAsync(d_err, d_y, kOut * kBatch * sizeof(float), cudaMemcpyDeviceToDevice, compute));
-        BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kOut, kBatch, kIn, &one, d_w, kOut, d_x, kIn, &minus_one,
-                         d_err, kOut));
+        if (lt)
+            lt_forward(reinterpret_cast<cublasLtHandle_t>(blas), d_w, d_x, d_bias, d_err, d_workspace, 1 << 16,
+                       compute);
+        else
+            BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kOut, kBatch, kIn, &one, d_w, kOut, d_x, kIn,
+                             &minus_one, d_err, kOut));
         BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, kOut, kIn, kBatch, &inv_b, d_err, kOut, d_x, kIn, &zero,
                          d_g, kOut));
         CUDA(cudaEventRecord(grads_ready, compute));
