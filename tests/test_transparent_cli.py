@@ -88,6 +88,33 @@ int main(void)
 }
 """
 
+ENTRY_POINT_PROGRAM = r"""
+/* Fetches driver entry points as PyTorch's DriverAPI does at start-up, uses the runtime, and calls one
+ * of them only when asked (argv[1] == "call"). */
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <string.h>
+extern __typeof__(cudaGetDriverEntryPointByVersion) cudaGetDriverEntryPointByVersion __attribute__((weak));
+int main(int argc, char **argv)
+{
+    const char *names[] = {"cuMemCreate", "cuGetErrorString", "cuStreamWriteValue32", "cuNoSuchFunction"};
+    void *fns[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        enum cudaDriverEntryPointQueryResult status = cudaDriverEntryPointVersionNotSufficent;
+        cudaError_t e = cudaGetDriverEntryPointByVersion
+                        ? cudaGetDriverEntryPointByVersion(names[i], &fns[i], 12000, cudaEnableDefault, &status)
+                        : cudaErrorNotSupported;
+        printf("FETCH %s: %s %s status %d\n", names[i], cudaGetErrorName(e), fns[i] ? "pointer" : "NULL", (int)status);
+    }
+    void *p = NULL;
+    printf("PROGRAM RAN: %d\n", (int)cudaMalloc(&p, 16));
+    fflush(stdout);
+    if (argc > 1 && strcmp(argv[1], "call") == 0 && fns[0])
+        printf("CALLED: %d\n", ((int (*)(void *, size_t, const void *, unsigned long long))fns[0])(0, 0, 0, 0));
+    return 0;
+}
+"""
+
 
 STATIC_RUNTIME_LIBRARY = r"""
 /* A library with its own copy of the CUDA runtime, as cuBLAS has: a local runtime function that opens the
@@ -203,6 +230,25 @@ def test_a_driver_call_stops_the_job_naming_it(driver_program: Path) -> None:
     assert re.search(r"stopping the job: driver called the CUDA driver function cuInit: it would reach the CUDA "
                      r"driver in the worker, past the device proxy", err), err
     assert "jit-run doctor driver" in err
+
+
+def test_driver_entry_points_are_handed_out_as_stops_refused_when_called(built, tmp_path: Path) -> None:
+    """PyTorch fetches a table of driver functions at start-up and calls few (issue 19): fetching works (the
+    fence's stub, status success; an unknown name NULL, as the runtime answers), the job goes on, and only a
+    call of a fetched function stops it, naming the function."""
+    program = gcc(tmp_path, "entry_points", ENTRY_POINT_PROGRAM)
+    fetched = jit_run("--transparent", str(program))
+    out, err = fetched.stdout, fetched.stderr
+    assert fetched.returncode == 0 and "PROGRAM RAN: 0" in out, out + err
+    for name in ("cuMemCreate", "cuGetErrorString", "cuStreamWriteValue32"):
+        assert f"FETCH {name}: cudaSuccess pointer status 0" in out, out
+    assert "FETCH cuNoSuchFunction: cudaSuccess NULL status 1" in out, out
+    assert "driver entry points (first: cuMemCreate) are handed out as stops" in err, err
+    called = jit_run("--transparent", str(program), "call")
+    assert called.returncode != 0 and "PROGRAM RAN: 0" in called.stdout and "CALLED" not in called.stdout, \
+        called.stdout + called.stderr
+    assert re.search(r"stopping the job: entry_points called the CUDA driver function cuMemCreate: it would reach the "
+                     r"CUDA driver in the worker", called.stderr), called.stderr
 
 
 def test_a_static_runtime_library_is_refused_when_it_opens_the_driver_not_when_linked(built, tmp_path: Path) -> None:

@@ -22,6 +22,15 @@
  * dlopen with RTLD_NOLOAD (a probe whether the driver is loaded) is passed
  * on: it opens nothing.
  *
+ * A third door is handed out rather than knocked on:
+ * cudaGetDriverEntryPoint[ByVersion].  PyTorch fetches a table of driver
+ * functions at start-up (c10's DriverAPI) and calls few of them, often none.
+ * The worker answers with the fence's own stub of the function asked for
+ * (its newest _vN in cuda.h): fetching it is harmless, calling it stops the
+ * job as a direct call would, naming the function.  A name cuda.h does not
+ * declare is answered as the runtime answers an unknown symbol (NULL,
+ * cudaDriverEntryPointSymbolNotFound).
+ *
  * The one exception: the pure functions the worker answers with the real
  * runtime in-process (cudaGetErrorString, cudaGetErrorName,
  * cudaCreateChannelDesc: remote_local_fn).  CUDA 13's runtime opens the
@@ -99,4 +108,71 @@ void remote_driver_called(const char *function, const void *caller)
     char what[256];
     snprintf(what, sizeof what, "called the CUDA driver function %s", function);
     stop(caller_library(caller), what);
+}
+
+/* ---- driver entry points: the fence's stubs ---------------------------------------------------------- */
+
+/* This library's stub for driver function `symbol` (its newest _vN first), or NULL. */
+static void *guard_stub(const char *symbol)
+{
+    static void *self;
+    if (self == NULL) {
+        Dl_info info;
+        if (!dladdr((void *)remote_driver_called, &info) || info.dli_fname == NULL)
+            return NULL;
+        self = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (self == NULL)
+            return NULL;
+    }
+    char name[160];
+    for (int v = 9; v >= 1; v--) {
+        if (snprintf(name, sizeof name, v > 1 ? "%s_v%d" : "%s", symbol, v) >= (int)sizeof name)
+            return NULL;
+        void *fn = dlsym(self, name);
+        if (fn != NULL)
+            return fn;
+    }
+    return NULL;
+}
+
+static cudaError_t entry_point(const char *symbol, void **funcPtr, enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    if (symbol == NULL || funcPtr == NULL)
+        return cudaErrorInvalidValue;
+    /* only driver functions: a cu* name (the stubs of this library are the driver's names alone) */
+    *funcPtr = strncmp(symbol, "cu", 2) == 0 && strncmp(symbol, "cuda", 4) != 0 ? guard_stub(symbol) : NULL;
+    if (driverStatus)
+        *driverStatus = *funcPtr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    static int said;
+    if (*funcPtr && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        rlog("driver entry points (first: %s) are handed out as stops: the driver is not forwarded, and calling "
+             "one stops the job, naming it", symbol);
+    return cudaSuccess;
+}
+
+EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags,
+                                           enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, driverStatus);
+}
+
+EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                                    unsigned long long flags,
+                                                    enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, driverStatus);
+}
+
+/* The per-thread default-stream twins: the same stubs (no stream is involved). */
+EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr, unsigned long long flags,
+                                                enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, driverStatus);
+}
+
+EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                                         unsigned long long flags,
+                                                         enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return entry_point(symbol, funcPtr, driverStatus);
 }

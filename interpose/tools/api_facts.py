@@ -418,6 +418,9 @@ REMOTE: dict[str, dict] = {
     "cudaHostUnregister": dict(remote=HAND),
     "cudaHostGetFlags": dict(remote=HAND),
     "cudaHostGetDevicePointer": dict(remote=HAND),
+    # driver entry points: the driver fence's own stubs, which stop the job when called (interpose/remote/bypass.c)
+    "cudaGetDriverEntryPoint": dict(remote=HAND, refused=""),
+    "cudaGetDriverEntryPointByVersion": dict(remote=HAND, refused=""),
 }
 # NCCL: the communicator is a virtual handle; buffers are device pointers.
 NCCL_BUFFERS = {"ncclAllReduce": ("sendbuff", "recvbuff"), "ncclBroadcast": ("sendbuff", "recvbuff"),
@@ -529,6 +532,15 @@ CUBLAS: dict[str, Fact] = {
 # cublasLtCreate makes one through cublasCreate_v2, re-created after a restart as every cuBLAS handle is.
 # Every other function of cublasLt.h is refused by name.  These names get remote function ids; those that
 # never leave the worker (the descriptors' create, set and destroy) simply never use theirs.
+# Written by hand and answered in the worker itself, never sent to the proxy: the driver entry points (the
+# fence's stubs, interpose/remote/bypass.c) and cuBLASLt's descriptors (interpose/remote/blaslt.c).
+ANSWERED_IN_WORKER = ("cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion",
+                      "cudaGetDriverEntryPoint_ptsz", "cudaGetDriverEntryPointByVersion_ptsz",
+                      "cublasLtCreate", "cublasLtDestroy", "cublasLtGetStatusName", "cublasLtGetStatusString",
+                      "cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute",
+                      "cublasLtMatrixLayoutCreate", "cublasLtMatrixLayoutDestroy", "cublasLtMatrixLayoutSetAttribute",
+                      "cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceDestroy",
+                      "cublasLtMatmulPreferenceSetAttribute")
 CUBLASLT_HAND = ("cublasLtCreate", "cublasLtDestroy", "cublasLtGetStatusName", "cublasLtGetStatusString",
                  "cublasLtMatmul", "cublasLtMatmulAlgoGetHeuristic",
                  "cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy", "cublasLtMatmulDescSetAttribute",

@@ -53,7 +53,7 @@ from pathlib import Path
 
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_facts import CUBLAS, CUBLASLT_HAND, FACTS, HIDDEN_HAND, Fact  # noqa: E402
+from api_facts import ANSWERED_IN_WORKER, CUBLAS, CUBLASLT_HAND, FACTS, HIDDEN_HAND, Fact  # noqa: E402
 import gen_remote  # noqa: E402
 
 GENERATOR = "interpose/tools/gen_interpose.py"
@@ -473,7 +473,8 @@ def remote_column(remote_files: dict[str, str], functions: dict[str, Function]) 
     Returns ``(handled, refused)``: ``handled`` maps a function the remote
     library takes care of to how (``marshalled``: a generated stub and proxy
     dispatch; ``hand-written``: ``interpose/remote/special.c`` and the
-    proxy's; ``in-process``: a pure function, called in the worker;
+    proxy's; ``in-process``: a pure function, called in the worker, or one the worker answers itself
+    (``api_facts.ANSWERED_IN_WORKER``: driver entry points, cuBLASLt descriptors);
     ``placeholder``: a string about a handle, such as ``ncclGetLastError``,
     which says once that it is not marshalled and returns a fixed text, the
     program going on), and ``refused`` maps every function it refuses by
@@ -491,6 +492,9 @@ def remote_column(remote_files: dict[str, str], functions: dict[str, Function]) 
         handled[name] = REMOTE_IN_PROCESS
     for plain, twin in re.findall(r"/\* per-thread twin of (\w+) \*/\nEXPORT [^(]*?(\w+)\(", stubs):
         handled[twin] = handled[plain]
+    for name in ANSWERED_IN_WORKER:  # hand-written, answered in the worker without the proxy
+        if name in handled:
+            handled[name] = REMOTE_IN_PROCESS
     # Functions the library does not export: they bind to the real library in the worker and
     # touch no device state (gen_remote.py: void results, pointer parameters, no error code).
     unexported = re.search(r"/\* Not exported \(.*?\): ([\w, ]*) \*/", stubs)

@@ -320,8 +320,9 @@ def has_twin_stub(function) -> bool:
 REFUSED_HIDDEN = {"__cudaRegisterManagedVar": "__managed__ variables: the runtime places their storage in the "
                                               "device proxy's memory, which the program cannot map"}
 
-# Hand-written twins (interpose/remote/special.c): the stream sits inside a structure.
-HAND_TWINS = {"cudaLaunchKernelExC"}
+# Hand-written twins: the stream sits inside a structure (interpose/remote/special.c), or there is none
+# (the driver entry points: interpose/remote/bypass.c).
+HAND_TWINS = {"cudaLaunchKernelExC", "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion"}
 
 
 def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: set[str], newer: dict[str, str],
