@@ -71,6 +71,7 @@ type cpu".
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import queue
@@ -261,8 +262,8 @@ _compute_stream: _ComputeStream | None = None
 # further ahead of it: for hunting ordering bugs, never set by the tests.
 _DEVICE_DELAY = float(os.environ.get("NCCLORDER_DEVICE_DELAY_MS", "0") or 0) / 1000.0
 # NCCLORDER_MAX_QUEUED: how many ops the device queue may hold before the host blocks (0, the default:
-# unbounded; a GPU's launch queue holds about 1024).  Both knobs are for hunting the open defect of issue 18
-# (docs/verification.md, "ncclorder: a fault-free run that diverges"); the tests set neither.
+# unbounded; a GPU's launch queue holds about 1024).  Both knobs are for hunting ordering defects (the one
+# found with them: docs/verification.md, "ncclorder: a fault-free run that diverged"); the tests set neither.
 _MAX_QUEUED = int(os.environ.get("NCCLORDER_MAX_QUEUED", "0") or 0)
 
 
@@ -270,7 +271,29 @@ def _compute() -> _ComputeStream:
     global _compute_stream
     if _compute_stream is None:
         _compute_stream = _ComputeStream()
+        atexit.register(_drain_at_exit)
     return _compute_stream
+
+
+def _drain_at_exit() -> None:
+    """Let the device finish what was queued before the interpreter finalises (atexit runs before that).
+
+    Each group's issued collectives are flushed (ProcessGroupNCCL's shutdown,
+    also run by its destructor when the script did not destroy the group),
+    then the compute stream's queued ops run.  A daemon thread still running
+    an op at finalisation is ended inside torch's C++ (reacquiring the GIL) and
+    the process aborts: "terminate called without an active exception".
+    Bounded by the groups' timeouts (a hung collective, as NCCL's watchdog).
+    """
+    seconds = max((group._timeout.total_seconds() for group in _live_groups), default=0.0)
+    deadline = time.monotonic() + (seconds if seconds > 0 else 1800.0)
+    for group in list(_live_groups):
+        group._stream.drain(max(0.0, deadline - time.monotonic()))
+    with _pending._lock:
+        items = list(_pending._live.values())
+    for item in items:
+        if not item.done.wait(max(0.0, deadline - time.monotonic())):
+            return
 
 
 # ----- which ops queue, which run now, which synchronise ---------------------------------------------
@@ -606,6 +629,12 @@ class _Stream:
     def stop(self) -> None:
         self._queue.put(None)
 
+    def drain(self, timeout: float | None) -> None:
+        """Stop after the collectives already issued, and wait until they ran (or failed), at most ``timeout`` seconds."""
+        self.stop()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
@@ -736,8 +765,16 @@ class NcclOrderProcessGroup(dist.ProcessGroup):
     # ----- end of life -------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Stop the stream thread after the collectives already issued."""
-        self._stream.stop()
+        """``destroy_process_group``: flush the collectives already issued, then stop the stream thread.
+
+        ProcessGroupNCCL's shutdown finalizes its communicators (``ncclCommFinalize``
+        flushes the issued operations, and it waits for them) before destroying
+        them.  Returning at once instead let a rank whose host ran ahead leave
+        (gloo's connections closed at exit) while its peers' collectives still
+        needed it: they failed, and the peer went on with unreduced gradients.
+        """
+        seconds = self._timeout.total_seconds()
+        self._stream.drain(seconds if seconds > 0 else None)
 
     def abort(self) -> None:
         self._stream.stop()
