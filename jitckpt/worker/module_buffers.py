@@ -9,10 +9,16 @@ checkpoint of that state would count them twice once *i* is redone.
 So jitckpt copies the buffers of every module it trains through DDP at the
 first forward of each minibatch (one ``torch._foreach_copy_`` into copies
 allocated once), and before the user's ``save(path)`` of "start of minibatch
-*i*" it copies them back.  The training thread is parked by then and the
-process exits after the save, so nothing else sees the rewind.  Models
-without buffers cost nothing.  On a GPU the rewind runs on a side stream
-that waits only for the snapshot, never behind the hung collective.
+*i*" it puts the copies in the modules' place of the live buffers: the
+user's ``state_dict()`` then returns the copies.  Not a copy back into the
+live buffers: forward work queued behind the hung collective (NCCL
+semantics: the host runs ahead of the device) still writes the live ones,
+and an abort of the collective releases it while the save reads (found with
+the strict test backend: a checkpoint whose BatchNorm counted one micro-batch
+more in two layers out of three, then a resume that was not bit-exact).
+Nothing writes the copies once taken.  The training thread is parked by then
+and the process exits after the save, so nothing else sees the exchange.
+Models without buffers cost nothing.
 """
 
 from __future__ import annotations
@@ -69,27 +75,25 @@ class BufferSnapshots:
             self._taken.record()
         self.step = step
 
-    def rewind(self, step: int, side: Any = None) -> bool:
-        """Put back the buffers of the start of minibatch ``step``; False if no copy of that step exists.
+    def rewind(self, step: int) -> bool:
+        """Make the modules hold the buffers of the start of minibatch ``step``; False if no copy of that step exists.
 
-        ``side``: the CUDA stream to copy on (the JIT save's, made before any hang); a new one if None.
+        The snapshot takes the live buffers' place in each module (``module._buffers``), so that a save
+        reads values no queued forward work can change; on a GPU the host first waits for the snapshot's
+        own copy (recorded right after it on the training stream: it waits for nothing later).
         """
         if self.step != step or not self._live:
             return False
-        import torch
-
-        if self._live[0].is_cuda:
-            # On a GPU the training stream may be blocked behind the hung collective (DDP's
-            # gradient copy-back waits for it): a copy queued there would never run.  Rewind
-            # on a side stream (torch's pool streams do not synchronise with the default
-            # stream) that waits only for the snapshot itself.  Unverified on GPU.
-            side = side if side is not None else torch.cuda.Stream(device=self._live[0].device)
-            if self._taken is not None:
-                side.wait_event(self._taken)
-            with torch.no_grad(), torch.cuda.stream(side):
-                torch._foreach_copy_(self._live, self._copies)
-            side.synchronize()
-            return True
-        with torch.no_grad():
-            torch._foreach_copy_(self._live, self._copies)
+        if self._taken is not None:
+            self._taken.synchronize()
+        index = {id(buffer): i for i, buffer in enumerate(self._live)}
+        for ref in self._modules:
+            module = ref()
+            if module is None:
+                continue
+            for sub in module.modules():
+                for name, buffer in list(sub._buffers.items()):
+                    i = index.get(id(buffer)) if buffer is not None else None
+                    if i is not None:
+                        sub._buffers[name] = self._copies[i]
         return True

@@ -128,7 +128,7 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         # Which ranks hold this state (FSDP/DTensor, ZeRO, DDP): recorded in the metadata.
         pending = rt.store.begin_save(step, sharding.refresh(rt))
         # Forward passes of this minibatch may have updated BatchNorm statistics.
-        buffers_rewound = rt.buffer_snapshots.rewind(step, _start.stream)
+        buffers_rewound = rt.buffer_snapshots.rewind(step)
         resharded = fsdp_layout.freeze()
         if resharded:
             log(f"{resharded} FSDP2 parameter group(s) were unsharded ({phase}): their shards, the state at the "
