@@ -9,7 +9,9 @@ accumulation.  Every batch is a pure function of (seed, step, micro-batch,
 rank), and dropout draws from each rank's own seeded generator, so a run is
 deterministic: after any recovery the final parameters must be bit-for-bit
 those of a fault-free run.  Rank 0 prints a SHA-256 of the final parameters
-and, with --out, saves them.
+(``final parameters sha256 HEX``), the training loop's time without start-up
+and the first ``--warmup-steps`` (``train_mlp: N steps in S s (...)``) and,
+with --out, saves the parameters.
 
 The job itself (model, data, one optimizer step, the checksum) lives in
 mlp_job.py next to this file, shared with the benchmarks; this file adds
@@ -36,6 +38,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0, help="extra seconds per step (to mimic a slower model)")
     p.add_argument("--out", help="rank 0 saves the final parameters here")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--warmup-steps", type=int, default=5, help="steps left out of the timing line")
+    p.add_argument("--deterministic", action="store_true",
+                   help="torch.use_deterministic_algorithms(True), cuDNN benchmarking off (and CUBLAS_WORKSPACE_CONFIG "
+                        ":4096:8 unless set): for bit-for-bit comparisons on a GPU")
     return p.parse_args()
 
 
@@ -71,6 +77,10 @@ def use_jitckpt(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: t
 
 def main() -> None:
     args = parse_args()
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS handle
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
     init_process_group(args)
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optimizer, scheduler = build(args, rank)
@@ -82,7 +92,14 @@ def main() -> None:
     ddp = wrap_ddp(args, model)
     loss_fn = nn.MSELoss()
     t0 = time.time()
+    cuda = args.device == "cuda"
+    warm = min(args.warmup_steps, max(0, args.steps - start - 1))
+    timer = time.perf_counter()
     for step in range(start, args.steps):
+        if step == start + warm:  # the timing line leaves out start-up and the first steps
+            if cuda:
+                torch.cuda.synchronize()
+            timer = time.perf_counter()
         progress["step"] = step
         loss = train_step(args, ddp, optimizer, loss_fn, step, rank)
         scheduler.step()
@@ -92,8 +109,15 @@ def main() -> None:
             print(f"step {step + 1}/{args.steps} loss {loss.item() * args.accum:.5f} lr {scheduler.get_last_lr()[0]:.5f} "
                   f"({time.time() - t0:.1f}s)", flush=True)
 
+    if cuda:
+        torch.cuda.synchronize()
+    seconds, timed = time.perf_counter() - timer, max(0, args.steps - start - warm)
+
     if rank == 0:
         print(f"final parameters sha256 {parameters_sha256(model)}", flush=True)
+        per_step = f"{1000 * seconds / timed:.3f}" if timed else "nan"
+        print(f"train_mlp: {timed} steps in {seconds:.4f} s ({per_step} ms/step, after {warm} warm-up steps)",
+              flush=True)
         if args.out:
             torch.save(model.state_dict(), args.out)
     dist.destroy_process_group()

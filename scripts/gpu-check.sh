@@ -5,7 +5,8 @@
 #
 #   bash scripts/gpu-check.sh                    # every check that this machine can run
 #   bash scripts/gpu-check.sh user               # only the user-level part
-#   bash scripts/gpu-check.sh transparent        # only the transparent part
+#   bash scripts/gpu-check.sh transparent        # only the transparent part (cuda_mlp, then PyTorch)
+#   bash scripts/gpu-check.sh pytorch            # only the transparent part's PyTorch jobs
 #   bash scripts/gpu-check.sh save-stream        # only the JIT save's side-stream check (part of user)
 #   GPU_CHECK_EMULATOR=1 bash scripts/gpu-check.sh   # the transparent part on the CPU device
 #                                                # emulator, no GPU needed: checks this script itself
@@ -46,6 +47,26 @@
 # With GPU_CHECK_EMULATOR=1 the same commands run with `--emulated-gpus N`
 # (and the direct runs with the emulator on LD_LIBRARY_PATH), and the proxy's
 # line must name the emulator.
+# Transparent mode, PyTorch jobs (the issue "Transparent mode runs an unmodified CUDA PyTorch job on a
+# real GPU", item 5; needs a CUDA build of torch): examples/train_mlp.py, examples/tiny_gpt.py (embedding,
+# attention through scaled_dot_product_attention, AdamW) and examples/conv_bn.py (Conv2d + BatchNorm2d,
+# SGD), deterministic settings, 1 rank, --device cuda --backend nccl:
+#   - directly (`torchrun --standalone --nproc_per_node 1 SCRIPT ...`) and as a user runs it
+#     (`python3 -m jitckpt --transparent torchrun --standalone --nproc_per_node 1 SCRIPT ...`), interleaved,
+#     GPU_CHECK_PT_PAIRS pairs: the same final parameters (sha256) both ways, and the per-step time ratio
+#     transparent/direct from each script's timing line (goal: under 1.03);
+#   - once more through jit-run with a driver-suspect proxy restart mid-run (JITCKPT_PROXY_GPU_VMM=1
+#     JITCKPT_REMOTE_RESTART_AT=N; N placed at the middle step from the first transparent run's call log,
+#     JITCKPT_REMOTE_LOG_TRACE=1): it must happen between two training steps' log lines and the run must
+#     end with the direct checksum; its duration and the bytes copied are printed.
+#   A transparent run that stops (a cuDNN call or a driver entry point not forwarded: the worker exits
+#   with status 77 and a line naming the library; or jit-run refuses before the start, status 2) is a
+#   FAIL quoting that line, never a PASS.  On the emulator (GPU_CHECK_EMULATOR=1) it prints one line,
+#   skipped (no CUDA torch), and fails nothing.  Knobs: GPU_CHECK_PT_STEPS (300), GPU_CHECK_PT_PAIRS (2),
+#   GPU_CHECK_PT_TIMEOUT (120 s per run), GPU_CHECK_PT_BUDGET (420 s for all its runs: a run that would
+#   start past it is not started, a FAIL), GPU_CHECK_PT_BACKEND (nccl), GPU_CHECK_PT_RESTART_AT (the
+#   restart's call number, instead of the estimate).  NCCL across ranks stays unverified on a machine
+#   with one GPU.
 # Knobs (environment): GPU_CHECK_MLP_STEPS (default 5000), GPU_CHECK_MLP_BATCH
 # (32), GPU_CHECK_RESTART_AT (1500: the worker's Nth CUDA call, of about
 # 25 per step), GPU_CHECK_TIMING_PAIRS (3: interleaved direct/proxy runs for
@@ -63,8 +84,8 @@ PARTS=("$@")
 [[ ${#PARTS[@]} -eq 0 ]] && PARTS=(user transparent)
 for part in "${PARTS[@]}"; do
     case $part in
-        user|transparent|save-stream) ;;
-        *) echo "gpu-check: unknown part '$part' (user, transparent, save-stream)" >&2; exit 2 ;;
+        user|transparent|pytorch|save-stream) ;;
+        *) echo "gpu-check: unknown part '$part' (user, transparent, pytorch, save-stream)" >&2; exit 2 ;;
     esac
 done
 wants() { local p; for p in "${PARTS[@]}"; do [[ $p == "$1" ]] && return 0; done; return 1; }
@@ -74,7 +95,7 @@ if [[ $EMULATOR_MODE == 1 ]]; then
     if wants user; then
         echo "gpu-check: the user-level part needs a GPU: skipped"
     fi
-    PARTS=(transparent)
+    if wants pytorch && ! wants transparent; then PARTS=(pytorch); else PARTS=(transparent); fi
 elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu-check: no GPU (nvidia-smi finds none): nothing to check here" \
          "(GPU_CHECK_EMULATOR=1 runs the transparent part's logic on the CPU emulator)"
@@ -435,9 +456,200 @@ transparent_part() {
     fi
 }
 
+# ---- transparent mode, PyTorch jobs (item 5 of "Transparent mode runs an unmodified CUDA PyTorch job") ----
+
+PT_SCRIPTS=(examples/train_mlp.py examples/tiny_gpt.py examples/conv_bn.py)
+PT_STEPS=${GPU_CHECK_PT_STEPS:-300}
+PT_PAIRS=${GPU_CHECK_PT_PAIRS:-2}
+PT_TIMEOUT=${GPU_CHECK_PT_TIMEOUT:-120}
+PT_BUDGET=${GPU_CHECK_PT_BUDGET:-420}
+PT_BACKEND=${GPU_CHECK_PT_BACKEND:-nccl}
+
+# pt_args SCRIPT: the script's arguments; train_mlp.py needs --deterministic (the other two always are).
+pt_args() {
+    PT_ARGS=(--device cuda --backend "$PT_BACKEND" --steps "$PT_STEPS" --log-every "${PT_LOG_EVERY:-1000000}")
+    [[ $1 == *train_mlp.py ]] && PT_ARGS+=(--deterministic)
+}
+# pt_run LOG VAR=VALUE... -- COMMAND...: one run, its own timeout, within the part's budget (status 124 past it).
+pt_run() {
+    local log=$1; shift
+    local vars=() left=$(( PT_DEADLINE - SECONDS ))
+    while [[ $1 != -- ]]; do vars+=("$1"); shift; done
+    shift
+    if (( left < 15 )); then
+        echo "(not started: the part's budget of ${PT_BUDGET}s is spent)" >"$log"
+        return 124
+    fi
+    (( left > PT_TIMEOUT )) && left=$PT_TIMEOUT
+    env -u LD_PRELOAD -u JITCKPT_PROXY_SOCKET -u JITCKPT_PROXY_CUDART -u JITCKPT_PROXY_NCCL \
+        -u JITCKPT_PROXY_PRELOAD -u JITCKPT_PROXY_GPU_VMM -u JITCKPT_REMOTE_RESTART_AT -u JITCKPT_REMOTE_SYNC \
+        -u JITCKPT_REMOTE_LOG_TRACE -u JITCKPT_PROXY_NO_SUPERVISOR -u JITCKPT_ACTIVE -u JITCKPT_FAULT \
+        PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" CUBLAS_WORKSPACE_CONFIG=:4096:8 "${vars[@]}" \
+        timeout -k 10 "$left" "$@" >"$log" 2>&1
+}
+pt_direct() {  # pt_direct LOG SCRIPT
+    pt_args "$2"
+    pt_run "$1" -- "$PY" -m torch.distributed.run --standalone --nproc_per_node 1 "$2" "${PT_ARGS[@]}"
+}
+pt_jit() {  # pt_jit LOG SCRIPT VAR=VALUE...: the user's command line
+    local log=$1 script=$2; shift 2
+    pt_args "$script"
+    pt_run "$log" "$@" -- "$PY" -m jitckpt --transparent torchrun --standalone --nproc_per_node 1 "$script" "${PT_ARGS[@]}"
+}
+# "tiny_gpt: 295 steps in 1.2345 s (...)" -> milliseconds per step
+pt_ms_of() {
+    grep -o "$2: [0-9]* steps in [0-9.]* s" "$1" | tail -1 | awk '{ if ($2 > 0) printf "%.4g", 1000 * $5 / $2 }'
+}
+# Why a run stopped, as one line to quote: the remote library's stop (status 77), a function refused by
+# name, jit-run's refusal before the start (status 2), the budget, else the last error-looking line.
+pt_reason() {
+    local line="" pattern
+    for pattern in 'stopping the job|is not supported in transparent mode' \
+                   '^\[jit-run\] .*(refus|cannot|not built|no CUDA|[Ee]rror)' 'not started: the part'; do
+        line=$(grep -m1 -E "$pattern" "$1")
+        [[ -n $line ]] && break
+    done
+    [[ -z $line ]] && line=$(grep -E '[A-Za-z]*Error|exitcode' "$1" | grep -v -E '^\s*(File|warnings)' | tail -1)
+    [[ -z $line ]] && line=$(grep -v '^\s*$' "$1" | tail -1)
+    printf '%s' "$line" | cut -c1-400
+}
+pt_fail() {  # pt_fail NAME MESSAGE LOG [noquote]: FAIL with the telling line quoted, then the log's tail
+    local why=""
+    [[ ${4:-} != noquote ]] && why=$(pt_reason "$3")
+    echo "FAIL $1: $2${why:+: \"$why\"} (log: $3)"
+    grep -q 'exitcode *: *77' "$3" && echo "    (the worker exited with status 77: transparent mode stopped the job)"
+    grep -v 'call log: minibatch [0-9]* ended' "$3" | tail -12 | sed 's/^/    /'
+    FAILED=1
+}
+median_of() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# The call number to restart the proxy before, from a JITCKPT_REMOTE_LOG_TRACE=1 run's "call log: minibatch K
+# ended: C calls" lines: every call of minibatches 0 .. STEPS/2-1 (0 holds the set-up) and half of the next.
+pt_restart_at() {  # pt_restart_at LOG
+    grep -o 'call log: minibatch [0-9]* ended: [0-9]* calls' "$1" |
+        awk -v mid=$(( PT_STEPS / 2 )) '{k = $4; c = $6} k < mid {n += c} k == mid {half = int(c / 2)}
+                                        END {if (n > 0 && half > 0) print n + half}'
+}
+
+pt_script() {  # pt_script SCRIPT: the direct/transparent pairs, then the restart run
+    local script=$1 name i code sum ref="" d_times=() p_times=() t log at
+    name=$(basename "$script" .py)
+    for (( i = 1; i <= PT_PAIRS; i++ )); do
+        log=$WORK/pt-$name-direct-$i.log
+        pt_direct "$log" "$script"
+        code=$?
+        sum=$(sha_of "$log")
+        t=$(pt_ms_of "$log" "$name")
+        if [[ $code -ne 0 || -z $sum || -z $t ]]; then
+            pt_fail "pytorch-$name-direct" "the script directly: exit $code" "$log"
+            return
+        fi
+        [[ -z $ref ]] && ref=$sum
+        if [[ $sum != "$ref" ]]; then
+            pt_fail "pytorch-$name-direct" "two direct runs differ: ${ref:0:16}, then ${sum:0:16} (not deterministic)" "$log"
+            return
+        fi
+        d_times+=("$t")
+
+        log=$WORK/pt-$name-transparent-$i.log
+        if [[ $i -eq 1 ]]; then pt_jit "$log" "$script" JITCKPT_REMOTE_LOG_TRACE=1; else pt_jit "$log" "$script"; fi
+        code=$?
+        sum=$(sha_of "$log")
+        t=$(pt_ms_of "$log" "$name")
+        if [[ $code -ne 0 || -z $sum ]]; then
+            pt_fail "pytorch-$name" "jit-run --transparent stopped the run (exit $code; directly: ${ref:0:16}, ${d_times[0]} ms/step; no restart run)" "$log"
+            return
+        fi
+        t_libraries "pytorch-$name" "$log" || return
+        if [[ $sum != "$ref" ]]; then
+            pt_fail "pytorch-$name" "through jit-run --transparent: checksum ${sum:0:16}, directly ${ref:0:16}" "$log" noquote
+            return
+        fi
+        p_times+=("$t")
+    done
+    local dm pm
+    dm=$(median_of "${d_times[@]}")
+    pm=$(median_of "${p_times[@]}")
+    echo "PASS pytorch-$name: sha256 ${ref:0:16}... through jit-run --transparent, as directly ($PT_PAIRS runs each)"
+    echo "   $T_LIBRARIES"
+    echo "   per-step time (ms), median of $PT_PAIRS: direct $dm, transparent $pm" \
+         "(ratio $(awk -v a="$dm" -v b="$pm" 'BEGIN { if (a > 0) printf "%.3f", b / a; else print "?" }'), goal < 1.03);" \
+         "each run: direct ${d_times[*]}; transparent ${p_times[*]}"
+
+    # A driver-suspect restart of the proxy at the middle step.
+    at=${GPU_CHECK_PT_RESTART_AT:-$(pt_restart_at "$WORK/pt-$name-transparent-1.log")}
+    log=$WORK/pt-$name-restart.log
+    if [[ -z $at ]]; then
+        echo "FAIL pytorch-$name-restart: no call number to restart at (the first transparent run's call log trace" \
+             "has no per-minibatch counts; set GPU_CHECK_PT_RESTART_AT) (log: $WORK/pt-$name-transparent-1.log)"
+        grep -m3 'call log' "$WORK/pt-$name-transparent-1.log" | sed 's/^/    /'
+        FAILED=1
+        return
+    fi
+    PT_LOG_EVERY=$(( PT_STEPS >= 10 ? PT_STEPS / 10 : 1 )) pt_jit "$log" "$script" \
+        JITCKPT_PROXY_GPU_VMM=1 "JITCKPT_REMOTE_RESTART_AT=$at"
+    code=$?
+    sum=$(sha_of "$log")
+    local restarted line_no before after
+    restarted=$(grep -m1 -o 'device proxy restarted (driver suspect).*' "$log")
+    line_no=$(grep -n -m1 'device proxy restarted (driver suspect)' "$log" | cut -d: -f1)
+    if [[ -n $line_no ]]; then
+        before=$(head -n "$line_no" "$log" | grep -o '^step [0-9]*/' | tail -1 | tr -dc 0-9)
+        after=$(tail -n +"$line_no" "$log" | grep -o '^step [0-9]*/' | head -1 | tr -dc 0-9)
+    fi
+    if [[ -z $restarted ]]; then
+        if [[ $code -ne 0 || -z $sum ]]; then
+            pt_fail "pytorch-$name-restart" "JITCKPT_REMOTE_RESTART_AT=$at: exit $code, no restart" "$log"
+        else
+            pt_fail "pytorch-$name-restart" "no restart happened before call $at (refused, or fewer calls; checksum ${sum:0:16})" "$log" noquote
+            grep -E 'refused|VMM|fixed addresses' "$log" | head -5 | sed 's/^/    /'
+        fi
+    elif [[ $code -ne 0 || $sum != "$ref" ]]; then
+        pt_fail "pytorch-$name-restart" "restarted, then: exit $code, checksum ${sum:0:16}, direct ${ref:0:16}" "$log"
+    elif [[ -z $before || -z $after ]]; then
+        pt_fail "pytorch-$name-restart" "checksum as directly, but the restart (call $at) was not between two training steps' lines (step ${before:-none} before it, ${after:-none} after)" "$log" noquote
+    else
+        echo "PASS pytorch-$name-restart: proxy restarted before call $at (between steps $before and $after of $PT_STEPS)" \
+             "in $(sed -n 's/.*device proxy restarted (driver suspect).*(\([0-9.]*\) ms)$/\1/p' "$log" | head -1) ms," \
+             "sha256 as directly"
+        echo "   ${restarted}"
+    fi
+}
+
+pytorch_transparent_part() {
+    if [[ $EMULATOR_MODE == 1 ]]; then
+        echo "== transparent mode, PyTorch jobs: skipped (no CUDA torch: PyTorch's kernels need a GPU, the CPU device emulator runs none)"
+        return
+    fi
+    echo "== transparent mode, PyTorch jobs: ${PT_SCRIPTS[*]}, 1 rank, directly and through jit-run --transparent"
+    if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+        echo "FAIL pytorch: skipped, no CUDA torch here ($("$PY" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)) on a GPU host:" \
+             "install a CUDA 13 build of torch and jitckpt"
+        FAILED=1
+        return
+    fi
+    if ! make -C proxy_server -j2 >"$WORK/pt-build.log" 2>&1; then
+        t_fail pytorch-build "make -C proxy_server failed" "$WORK/pt-build.log"
+        return
+    fi
+    if [[ ${LD_LIBRARY_PATH:-} == */emulator/* ]]; then
+        LD_LIBRARY_PATH=$(printf '%s' "$LD_LIBRARY_PATH" | tr ':' '\n' | grep -v '/emulator/' | paste -sd: -)
+    fi
+    echo "   $PT_STEPS steps, --device cuda --backend $PT_BACKEND, $PT_PAIRS interleaved direct/transparent pairs each," \
+         "then a proxy restart mid-run; ${PT_TIMEOUT}s per run, ${PT_BUDGET}s for the part"
+    PT_DEADLINE=$(( SECONDS + PT_BUDGET ))
+    local script started=$SECONDS
+    for script in "${PT_SCRIPTS[@]}"; do
+        pt_script "$script"
+    done
+    echo "   (the PyTorch part took $(( SECONDS - started ))s)"
+    echo "   NCCL across ranks stays unverified on GPU here: this machine has" \
+         "$(nvidia-smi -L | grep -c '^GPU') GPU(s) and the PyTorch part runs 1 rank (NCCL with one rank, through the proxy)"
+}
+
 wants user && user_level_part
 wants save-stream && ! wants user && save_stream_check
 wants transparent && transparent_part
+{ wants transparent || wants pytorch; } && pytorch_transparent_part
 
 if [[ $FAILED -ne 0 ]]; then
     echo "gpu-check: some checks FAILED (work files in $WORK)"
