@@ -175,7 +175,12 @@ def check(tmp_path: Path, mode: str, kind: str, phase: str) -> None:
                 or "issued in an earlier minibatch" in result.output), tail
     else:
         assert not any(f["restarted_fresh"] for f in failures), report
-        assert failures[0]["resumed_from_minibatch"] in (STEP, STEP + 1), failures[0]
+        # A preemption notice lets the rank reach its next safe point first; its collectives already issued then
+        # complete as it leaves (ProcessGroupNCCL's shutdown flushes them), so its peers may get one minibatch
+        # further before they see it gone, and resume from there (found: rank 1 saved 5, ranks 0 and 2 saved 6).
+        latest = STEP + 2 if kind == "term" else STEP + 1
+        assert STEP <= failures[0]["resumed_from_minibatch"] <= latest, failures[0]
+        assert failures[0]["minibatches_redone"] is not None and failures[0]["minibatches_redone"] <= 1, failures[0]
         assert "no surviving copy" not in result.output, tail
 
 
