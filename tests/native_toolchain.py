@@ -65,25 +65,33 @@ def build_emulator() -> Path:
     return EMULATOR_BUILD
 
 
-def cublas_include() -> Path | None:
-    """cuBLAS's headers (cublas_api.h), where the Makefiles look for them: $CUBLAS_INCLUDE, the nvidia-cublas
-    wheel (nvidia/cu13/include), the copy scripts/setup.sh caches."""
-    candidates = [os.environ.get("CUBLAS_INCLUDE", "")]
-    spec = importlib.util.find_spec("nvidia.cu13")
+def header_include(variable: str, package: str, cache_dir: str, header: str) -> Path | None:
+    """A library's headers, where the Makefiles look for them: $<variable>, NVIDIA's wheel (<package>/include,
+    as a CUDA PyTorch installs it), the copy scripts/setup.sh caches (~/.cache/jitckpt/<cache_dir>/include)."""
+    candidates = [os.environ.get(variable, "")]
+    try:
+        spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:
+        spec = None
     if spec is not None and spec.submodule_search_locations:
         candidates += [str(Path(p) / "include") for p in spec.submodule_search_locations]
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    candidates.append(str(Path(cache) / "jitckpt" / "cublas-13" / "include"))
+    candidates.append(str(Path(cache) / "jitckpt" / cache_dir / "include"))
     for candidate in candidates:
-        if candidate and (Path(candidate) / "cublas_api.h").is_file():
+        if candidate and (Path(candidate) / header).is_file():
             return Path(candidate)
     return None
 
 
-CUBLAS_INCLUDE = cublas_include()
+CUBLAS_INCLUDE = header_include("CUBLAS_INCLUDE", "nvidia.cu13", "cublas-13", "cublas_api.h")
 REQUIRES_CUBLAS_HEADER = pytest.mark.skipif(
     CUBLAS_INCLUDE is None, reason="cuBLAS's cublas_api.h not found: scripts/setup.sh caches it (or set CUBLAS_INCLUDE)")
 # cuBLASLt's cublasLt.h beside it (the Makefiles forward and emulate cuBLASLt only then)
 HAS_CUBLASLT_HEADER = CUBLAS_INCLUDE is not None and (CUBLAS_INCLUDE / "cublasLt.h").is_file()
 REQUIRES_CUBLASLT_HEADER = pytest.mark.skipif(
     not HAS_CUBLASLT_HEADER, reason="cuBLASLt's cublasLt.h not found beside cublas_api.h: scripts/setup.sh caches it")
+# cuDNN 9's headers (the Makefiles forward and emulate cuDNN only with them)
+CUDNN_INCLUDE = header_include("CUDNN_INCLUDE", "nvidia.cudnn", "cudnn-9", "cudnn_graph.h")
+REQUIRES_CUDNN_HEADER = pytest.mark.skipif(
+    CUDNN_INCLUDE is None, reason="cuDNN's headers (cudnn_graph.h) not found: scripts/setup.sh caches them (or set "
+                                  "CUDNN_INCLUDE)")

@@ -313,13 +313,15 @@ def test_generated_coverage_and_version_script_agree_with_the_exports(library, e
         emulated.update({n: v for n, v in exports(emulator / "libcublas.so.13").items() if n.startswith("cublas")})
     if (emulator / "libcublasLt.so.13").exists():  # cuBLASLt, forwarded when the build has cublasLt.h too
         emulated.update({n: v for n, v in exports(emulator / "libcublasLt.so.13").items() if n.startswith("cublasLt")})
+    if (emulator / "libcudnn.so.9").exists():  # cuDNN, forwarded when the build has its headers
+        emulated.update({n: v for n, v in exports(emulator / "libcudnn.so.9").items() if n.startswith("cudnn")})
     assert set(emulated) <= set(functions)
     proxied = {n for n, f in functions.items() if f["transparent"] and coverage["remote"][n] != "in-process"}
     assert proxied <= set(emulated), proxied - set(emulated)
     for name, version in emulated.items():
         row = functions[name]
         library = ("nccl" if "nccl" in name else "cublasLt" if name.startswith("cublasLt") else
-                   "cublas" if name.startswith("cublas") else "cudart")
+                   "cublas" if name.startswith("cublas") else "cudnn" if name.startswith("cudnn") else "cudart")
         assert row["version"] == version and row["library"] == library, row
     assert functions["cudaMalloc"] == {"library": "cudart", "version": "libcudart.so.13",
                                        "passthrough": "forwarded", "transparent": True}

@@ -57,6 +57,8 @@ enum remote_handle_kind {
     VH_GRAPH_EXEC,
     VH_FUNC,
     VH_BLAS,            /* a cuBLAS handle (issue 19) */
+    VH_DNN,             /* a cuDNN handle (issue 19) */
+    VH_DNN_DESC,        /* a cuDNN backend descriptor (issue 19; interpose/remote/dnn.c) */
     VH_NKINDS
 };
 
@@ -197,5 +199,27 @@ struct jitckpt_lt_head {
 #define JITCKPT_LT_ATTR_MAX 64u      /* the largest attribute value the worker keeps (bytes) */
 #define JITCKPT_LT_MAX_ATTRS 64u
 struct jitckpt_lt_attr_size { uint32_t kind, id, size; };   /* generated from cublasLt.h (size 0: any) */
+
+/* cuDNN on the wire (issue 19; interpose/remote/dnn.c, proxy_server/src/dnn.c).
+ *
+ * A legacy tensor descriptor (cudnnTensorDescriptor_t) is kept in the worker; a call that uses one carries
+ * this structure (set 0: a NULL descriptor), from which the proxy makes a temporary descriptor for the call.
+ *
+ * A backend descriptor is a virtual handle (VH_DNN_DESC).  cudnnBackendSetAttribute carries (u32 name,
+ * u32 type, i64 count, count elements of the type's size); an element of type CUDNN_TYPE_BACKEND_DESCRIPTOR
+ * or CUDNN_TYPE_HANDLE is a virtual id, which the proxy maps.  cudnnBackendGetAttribute of descriptors fills
+ * the descriptors the worker names, in the proxy.  A variant pack is kept in the worker: cudnnBackendExecute
+ * carries the handle, the plan and struct jitckpt_dnn_pack followed by n uids (i64), n pointers, n_inter
+ * intermediate uids (i64). */
+#define JITCKPT_DNN_DIM_MAX 8
+struct jitckpt_dnn_tensor {
+    int32_t set, data_type, nb_dims, pad;
+    int32_t dims[JITCKPT_DNN_DIM_MAX], strides[JITCKPT_DNN_DIM_MAX];
+};
+struct jitckpt_dnn_pack {
+    uint64_t workspace;
+    int64_t n, n_inter;
+};
+#define JITCKPT_DNN_PACK_MAX 64           /* tensors of one variant pack */
 
 #endif

@@ -122,6 +122,14 @@ static uint32_t classify(unsigned fn)
     case RFN_cublasLtMatmulAlgoGetHeuristic: case RFN_cublasLtMatmulDescGetAttribute:
     case RFN_cublasLtMatrixLayoutGetAttribute: case RFN_cublasLtMatmulPreferenceGetAttribute:
 #endif
+#ifdef JITCKPT_REMOTE_CUDNN
+    /* a backend descriptor's definition: kept by dnn.c and played to a new proxy before any replay */
+    case RFN_cudnnBackendCreateDescriptor: case RFN_cudnnBackendSetAttribute: case RFN_cudnnBackendGetAttribute:
+    case RFN_cudnnBackendFinalize: case RFN_cudnnBackendDestroyDescriptor: case RFN_cudnnGetStream:
+    case RFN_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize:
+    case RFN_cudnnGetBatchNormalizationBackwardExWorkspaceSize:
+    case RFN_cudnnGetBatchNormalizationTrainingExReserveSpaceSize:
+#endif
         return LOG_SKIP;
     case RFN_cudaEventCreate: case RFN_cudaEventCreateWithFlags: case RFN_cudaEventDestroy:
     case RFN_cudaStreamCreate: case RFN_cudaStreamCreateWithFlags: case RFN_cudaStreamCreateWithPriority:
@@ -365,6 +373,9 @@ EXPORT void jitckpt_phase_optimizer_end(void)
     remote_mark_minibatch(ended);       /* recover.c: the proxy's marker, so that completed ones leave the log */
 #ifdef JITCKPT_REMOTE_CUBLAS
     remote_blas_minibatch_begins();     /* blas.c: every cuBLAS handle's settings open the new minibatch's log */
+#endif
+#ifdef JITCKPT_REMOTE_CUDNN
+    remote_dnn_minibatch_begins();      /* dnn.c: likewise every cuDNN handle's stream */
 #endif
 }
 

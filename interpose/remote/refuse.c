@@ -62,7 +62,8 @@ cudaError_t remote_refuse_call(const char *name, const char *condition)
 {
     if (first_time(name))
         rlog("this call of %s is not supported in transparent mode (its arguments match: %s); "
-             "it returns its library's \"not supported\" error (cudaErrorNotSupported, CUBLAS_STATUS_NOT_SUPPORTED)", name, condition);
+             "it returns its library's \"not supported\" error (cudaErrorNotSupported, CUBLAS_STATUS_NOT_SUPPORTED, "
+             "CUDNN_STATUS_NOT_SUPPORTED)", name, condition);
     return cudaErrorNotSupported;
 }
 
@@ -73,7 +74,8 @@ void *remote_local_fn(void **cache, const char *name, int lib)
         return fn;
     const char *soname = lib == remote_next_cudart ? "libcudart.so.13"
                          : lib == remote_next_cublas ? "libcublas.so.13"
-                         : lib == remote_next_cublaslt ? "libcublasLt.so.13" : "libnccl.so.2";
+                         : lib == remote_next_cublaslt ? "libcublasLt.so.13"
+                         : lib == remote_next_cudnn ? "libcudnn.so.9" : "libnccl.so.2";
     fn = lib == remote_next_nccl ? dlsym(RTLD_NEXT, name) : dlvsym(RTLD_NEXT, name, soname);
     if (fn == NULL) {
         rlog("%s: no %s is loaded after this library; aborting", name, soname);

@@ -32,6 +32,10 @@
 #include <stdio.h>
 #include <cublasLt.h>
 #endif
+#ifdef JITCKPT_REMOTE_CUDNN       /* the build forwards cuDNN (interpose/Makefile: CUDNN_INCLUDE; remote/dnn.c) */
+#include <stdbool.h>
+#include <cudnn.h>
+#endif
 
 #include "jitckpt_remote_wire.h"
 #include "remote_fns.h"
@@ -193,7 +197,7 @@ void remote_driver_called(const char *function, const void *caller) __attribute_
 void remote_pure_call(int entering);
 
 /* refuse.c too: pure functions (cudaGetErrorString) called in-process */
-enum { remote_next_cudart, remote_next_nccl, remote_next_cublas, remote_next_cublaslt };
+enum { remote_next_cudart, remote_next_nccl, remote_next_cublas, remote_next_cublaslt, remote_next_cudnn };
 #ifdef JITCKPT_REMOTE_CUBLAS
 /* blas.c: each cuBLAS handle's pointer mode and stream, as the worker set them */
 void remote_blas_created(cublasHandle_t *h);
@@ -206,6 +210,18 @@ int32_t remote_blas_recreate(struct rcall *c, int32_t (*set_device)(struct rcall
 void remote_blas_minibatch_begins(void);
 size_t remote_blas_scalar_bytes(cublasHandle_t h, const void *scalar, size_t host_bytes); /* 0: crosses as is */
 int remote_blas_get_stream(cublasHandle_t h, cudaStream_t *stream);
+#endif
+#ifdef JITCKPT_REMOTE_CUDNN
+/* dnn.c: cuDNN handles (stream, device), the legacy tensor descriptors kept here, the backend descriptors'
+ * definitions (for a restart) */
+void remote_dnn_created(cudnnHandle_t *h);
+void remote_dnn_destroyed(cudnnHandle_t h);
+void remote_dnn_set_stream(cudnnHandle_t h, cudaStream_t stream);
+int remote_dnn_get_stream(cudnnHandle_t h, cudaStream_t *stream);
+void remote_dnn_put_tensor(struct rcall *c, cudnnTensorDescriptor_t desc);
+size_t remote_dnn_scalar_bytes(cudnnTensorDescriptor_t desc, const void *scalar);
+int32_t remote_dnn_recreate(struct rcall *c, int32_t (*set_device)(struct rcall *c, int device));
+void remote_dnn_minibatch_begins(void);
 #endif
 void *remote_local_fn(void **cache, const char *name, int lib);
 

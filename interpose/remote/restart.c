@@ -631,6 +631,11 @@ static int32_t recreate(struct rcall *c)
     if ((err = remote_blas_recreate(c, set_device)))
         return err;
 #endif
+#ifdef JITCKPT_REMOTE_CUDNN
+    what_failed = "re-creating the cuDNN handles and backend descriptors";
+    if ((err = remote_dnn_recreate(c, set_device)))
+        return err;
+#endif
     what_failed = "re-applying a device or kernel setting (cudaDeviceSetLimit, cudaFuncSetAttribute, ...)";
     for (size_t i = 0; i < n_settings; i++) {
         if ((err = rst_device(c, settings[i].device, NULL)))

@@ -549,3 +549,56 @@ CUBLASLT_HAND = ("cublasLtCreate", "cublasLtDestroy", "cublasLtGetStatusName", "
                  "cublasLtMatrixLayoutGetAttribute",
                  "cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceDestroy",
                  "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulPreferenceGetAttribute")
+
+# ---- cuDNN (issue 19): forwarded when the build has cuDNN's headers (gen_interpose.py --cudnn-include; the
+# nvidia-cudnn-cu13 wheel's, cached by scripts/setup.sh).  A cuDNN handle is a virtual handle like a cuBLAS
+# one (re-created after a restart with its stream, interpose/remote/dnn.c).  Two kinds of descriptor:
+#   - the backend (graph) API's, through which PyTorch runs convolutions and attention: virtual handles too
+#     (their setup can be costly: a finalized execution plan), created and finalized in the proxy; the worker
+#     keeps every call that defined one, in order, and plays them to a new proxy after a restart
+#     (hand-written: DNN_HAND).  A variant pack (device pointers for one execution) is kept in the worker
+#     and carried by the cudnnBackendExecute that uses it, as cuBLASLt's descriptors are;
+#   - the legacy API's tensor descriptors, which PyTorch's BatchNorm creates around every call: kept in the
+#     worker; a call that uses one carries its contents (handles kind "dnn_tensor"), the proxy makes a
+#     temporary descriptor for the call.
+# An activation descriptor (BatchNorm's fused activation) must be NULL, as PyTorch passes it (kind
+# "null_only"): a call with one is refused by name.  Every other function of the headers is refused by name.
+_DNN = {"handle": "dnn"}
+_TENSOR = "dnn_tensor"
+
+
+def _bn(scalars: tuple[str, ...] = (), of: str = "xDesc", mode: str = "async") -> Fact:
+    """A BatchNorm call of the legacy API.  The host scalars are as large as the tensors' compute type (double
+    for double tensors, else float).  The rest comes from the prototype (gen_interpose.describe_cudnn): each
+    cudnnTensorDescriptor_t is carried by value, a cudnnActivationDescriptor_t must be NULL, every other
+    pointer to void is device memory and a size_t * is an output; a call with an activation
+    descriptor is refused."""
+    return Fact(remote="gen", handles=_DNN, mode=mode, host_in={s: f"remote_dnn_scalar_bytes({of}, {s})" for s in scalars})
+
+
+CUDNN: dict[str, Fact] = {
+    "cudnnCreate": Fact(remote="gen", creates=_DNN, mode="sync", after="if (jr_ret == 0) remote_dnn_created(handle)"),
+    "cudnnDestroy": Fact(remote="gen", handles=_DNN, destroys=("handle",), mode="sync",
+                         after="if (jr_ret == 0) remote_dnn_destroyed(handle)"),
+    "cudnnSetStream": Fact(remote="gen", handles={**_DNN, "streamId": "stream"}, mode="sync",
+                           after="if (jr_ret == 0) remote_dnn_set_stream(handle, streamId)"),
+    "cudnnGetStream": Fact(remote="gen", handles=_DNN, outputs=("streamId",), mode="sync",
+                           answer_locally="remote_dnn_get_stream(handle, streamId)"),
+    "cudnnBatchNormalizationForwardTraining": _bn(("alpha", "beta")),
+    "cudnnBatchNormalizationForwardTrainingEx": _bn(("alpha", "beta")),
+    "cudnnBatchNormalizationForwardInference": _bn(("alpha", "beta")),
+    "cudnnBatchNormalizationBackward": _bn(("alphaDataDiff", "betaDataDiff", "alphaParamDiff", "betaParamDiff")),
+    "cudnnBatchNormalizationBackwardEx": _bn(("alphaDataDiff", "betaDataDiff", "alphaParamDiff", "betaParamDiff")),
+    "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize": _bn(mode="sync"),
+    "cudnnGetBatchNormalizationBackwardExWorkspaceSize": _bn(mode="sync"),
+    "cudnnGetBatchNormalizationTrainingExReserveSpaceSize": _bn(mode="sync"),
+}
+# Written by hand (interpose/remote/dnn.c, proxy_server/src/dnn.c): the backend API, and the legacy tensor
+# descriptors (answered in the worker).
+DNN_BACKEND = ("cudnnBackendCreateDescriptor", "cudnnBackendDestroyDescriptor", "cudnnBackendSetAttribute",
+               "cudnnBackendGetAttribute", "cudnnBackendFinalize", "cudnnBackendExecute", "cudnnBackendInitialize")
+DNN_TENSOR = ("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor", "cudnnSetTensorNdDescriptor",
+              "cudnnSetTensor4dDescriptor", "cudnnSetTensor4dDescriptorEx", "cudnnGetTensorNdDescriptor",
+              "cudnnGetTensor4dDescriptor", "cudnnSetTensorNdDescriptorEx", "cudnnDeriveBNTensorDescriptor")
+DNN_HAND = (*DNN_BACKEND, *DNN_TENSOR)
+ANSWERED_IN_WORKER = (*ANSWERED_IN_WORKER, *DNN_TENSOR, "cudnnBackendInitialize")

@@ -48,17 +48,17 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_facts import ANSWERED_IN_WORKER, CUBLAS, CUBLASLT_HAND, FACTS, HIDDEN_HAND, Fact  # noqa: E402
+from api_facts import ANSWERED_IN_WORKER, CUBLAS, CUBLASLT_HAND, CUDNN, DNN_HAND, FACTS, HIDDEN_HAND, Fact  # noqa: E402
 import gen_remote  # noqa: E402
 
 GENERATOR = "interpose/tools/gen_interpose.py"
 CONTROL_NODE = "JITCKPT_INTERPOSE_1"
-CUDART, NCCL, CUBLAS_LIB, CUBLASLT_LIB = "cudart", "nccl", "cublas", "cublasLt"
+CUDART, NCCL, CUBLAS_LIB, CUBLASLT_LIB, CUDNN_LIB = "cudart", "nccl", "cublas", "cublasLt", "cudnn"
 NOT_FOUND = {CUDART: "cudaErrorSharedObjectSymbolNotFound", NCCL: "ncclSystemError"}
 
 
@@ -209,6 +209,96 @@ def describe_cublas(path: Path) -> tuple[dict[str, "Function"], dict[str, Proto]
         check_fact(name, protos[name], fact)
         functions[name] = Function(name, CUBLAS_LIB, protos[name], fact, "")
     return functions, protos
+
+
+# cuDNN's headers, in the order cudnn.h includes them: every prototype is forwarded or refused by name.
+CUDNN_HEADERS = ("cudnn_graph.h", "cudnn_ops.h", "cudnn_adv.h", "cudnn_cnn.h")
+
+
+def parse_cudnn_headers(include: Path) -> dict[str, Proto]:
+    """The prototypes of cuDNN 9's headers (``[CUDNN_DEPRECATED] cudnnStatus_t CUDNNWINAPI cudnnCreate(...)``)."""
+    protos: dict[str, Proto] = {}
+    decl = re.compile(r"^[ \t]*(?:CUDNN_DEPRECATED\s+)?((?:const\s+)?\w+(?:\s*\*)*)\s*\bCUDNNWINAPI\s+(cudnn\w+)\s*"
+                      r"\(([^;{}]*)\)\s*;", re.S | re.M)
+    for header in CUDNN_HEADERS:
+        path = include / header
+        if not path.is_file():
+            raise GenError(f"{path}: not found (--cudnn-include names the directory with cuDNN 9's headers)")
+        for m in decl.finditer(strip_comments(path.read_text(encoding="utf-8", errors="replace"))):
+            params = parse_params(m.group(3), m.group(2))
+            if params is not None and m.group(2) not in protos:
+                protos[m.group(2)] = Proto(normalize_type(m.group(1)), m.group(2), params)
+    if len(protos) < 150:
+        raise GenError(f"{include}: only {len(protos)} cuDNN prototypes parsed; are these cuDNN 9's headers?")
+    absent = [n for n in (*CUDNN, *DNN_HAND) if n not in protos]
+    if absent:
+        raise GenError(f"{include} does not declare {', '.join(absent)} (interpose/tools/api_facts.py: CUDNN, DNN_HAND)")
+    return protos
+
+
+def describe_cudnn(protos: dict[str, Proto]) -> dict[str, "Function"]:
+    """The cuDNN functions transparent mode marshals, their facts completed from the prototypes (api_facts._bn):
+    a tensor descriptor crosses by value, an activation descriptor must be NULL, a pointer to void is device
+    memory unless a host scalar, a size_t * is an output."""
+    functions = {}
+    for name, fact in CUDNN.items():
+        proto = protos[name]
+        handles, device, outputs, check = dict(fact.handles), list(fact.device), list(fact.outputs), fact.remote_check
+        for p in proto.params:
+            base = p.type.replace("const ", "").strip()
+            if p.name in handles or p.name in fact.host_in or p.name in fact.creates or p.name in outputs:
+                continue
+            if base == "cudnnTensorDescriptor_t":
+                handles[p.name] = "dnn_tensor"
+            elif base == "cudnnActivationDescriptor_t":
+                handles[p.name] = "null_only"
+                check = f"{p.name} != NULL"
+            elif base == "void *":
+                device.append(p.name)
+            elif base == "size_t *":
+                outputs.append(p.name)
+        fact = replace(fact, handles=handles, device=tuple(device), outputs=tuple(outputs), remote_check=check)
+        check_fact(name, proto, fact)
+        functions[name] = Function(name, CUDNN_LIB, proto, fact, "")
+    return functions
+
+
+_DNN_SCALAR_BYTES = {"Boolean": "sizeof(bool)", "64-bit signed integer": "sizeof(int64_t)",
+                     "32-bit float": "sizeof(float)", "64-bit double": "sizeof(double)",
+                     "Void pointer": "sizeof(void *)", "32-bit signed integer": "sizeof(int32_t)",
+                     "Character": "sizeof(char)"}
+
+
+def dnn_attribute_types(include: Path) -> list[tuple[str, str]]:
+    """(CUDNN_TYPE_..., C expression of one element's size) for every backend attribute type of cudnn_graph.h,
+    from the type each member's comment documents (``cudnnDataType_t value``, ``64-bit signed integer value``)."""
+    text = (include / "cudnn_graph.h").read_text(encoding="utf-8", errors="replace")
+    m = re.search(r"typedef\s+enum\s*\{(?P<body>(?:(?!typedef).)*?)\}\s*cudnnBackendAttributeType_t\s*;", text, re.S)
+    if m is None:
+        raise GenError(f"{include / 'cudnn_graph.h'}: no 'typedef enum {{ ... }} cudnnBackendAttributeType_t;'")
+    out = []
+    for member in re.finditer(r"^\s*(CUDNN_TYPE_\w+)\b[^=\n]*=\s*\d+\s*,?\s*/\*\*<\s*([^.*]+?)\s+value\b", m.group("body"),
+                              re.M):
+        doc = member.group(2).strip()
+        size = f"sizeof({doc})" if re.fullmatch(r"cudnn\w+_t", doc) else _DNN_SCALAR_BYTES.get(doc)
+        if size is None:
+            raise GenError(f"cudnn_graph.h: {member.group(1)} documents a '{doc}' value, whose size the generator "
+                           f"does not know (gen_interpose.py: _DNN_SCALAR_BYTES)")
+        out.append((member.group(1), size))
+    if len(out) < 20 or not any(name == "CUDNN_TYPE_BACKEND_DESCRIPTOR" for name, _ in out):
+        raise GenError(f"cudnn_graph.h: only {len(out)} backend attribute types parsed; header format changed?")
+    return out
+
+
+def dnn_attribute_table(types: list[tuple[str, str]]) -> str:
+    """The element size of each backend attribute type (appended to remote_stubs.c and proxy_dispatch.c:
+    remote/dnn.c sizes a SetAttribute's array, the proxy checks what it receives)."""
+    rows = [f"    [{name}] = {size}," for name, size in types]
+    return "\n".join(["", "#ifdef JITCKPT_REMOTE_CUDNN",
+                      "/* The size of one element of each cuDNN backend attribute type, from cudnn_graph.h. */",
+                      "const size_t jitckpt_dnn_type_bytes[] = {", *rows, "};",
+                      "const unsigned jitckpt_dnn_type_count = sizeof jitckpt_dnn_type_bytes / sizeof jitckpt_dnn_type_bytes[0];",
+                      "#endif", ""])
 
 
 # The three attribute enums of cublasLt.h whose values the worker keeps (interpose/remote/blaslt.c).
@@ -484,7 +574,7 @@ def remote_column(remote_files: dict[str, str], functions: dict[str, Function]) 
     """
     ids = re.findall(r"^    RFN_(\w+),$", remote_files["remote_fns.h"], flags=re.M)
     generated = {n for n, f in functions.items() if f.fact.remote == "gen"} | {
-        n for n, f in CUBLAS.items() if f.remote == "gen"}
+        n for n, f in (*CUBLAS.items(), *CUDNN.items()) if f.remote == "gen"}
     handled = {name: REMOTE_MARSHALLED if name in generated else REMOTE_HAND
                for name in ids if name not in ("none", "count")}
     stubs = remote_files["remote_stubs.c"]
@@ -533,6 +623,8 @@ def coverage(functions: dict[str, Function], soname: str, remote: tuple[dict[str
     names = {name for f in functions.values() for name, _ in f.flavours()} | set(handled) | set(refused)
 
     def row(name: str) -> tuple[str, str | None]:
+        if name.startswith("cudnn"):
+            return CUDNN_LIB, "libcudnn.so.9"
         if name.startswith("cublasLt"):
             return CUBLASLT_LIB, "libcublasLt.so.13"
         if name.startswith("cublas"):
@@ -593,6 +685,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cublaslt-header", type=Path, default=None,
                         help="cuBLASLt's cublasLt.h (with --cublas-header): transparent mode then forwards "
                              "cuBLASLt too (api_facts.CUBLASLT_HAND, interpose/remote/blaslt.c)")
+    parser.add_argument("--cudnn-include", type=Path, default=None,
+                        help="the directory with cuDNN 9's headers (cudnn_graph.h, cudnn_ops.h, ...): transparent "
+                             "mode then forwards cuDNN (api_facts.CUDNN, DNN_HAND, interpose/remote/dnn.c)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--remote", action="store_true",
                         help="write the remote-mode files instead (gen_remote.py): the worker stubs of "
@@ -649,11 +744,21 @@ def remote_files(args: argparse.Namespace, functions: dict[str, Function], facts
         blas = {**blas, **parse_cublaslt_header(args.cublaslt_header)}
         hand = (*hand, *CUBLASLT_HAND)
         inputs.insert(3, args.cublaslt_header)
+    dnn: dict[str, Proto] = {}
+    if args.cudnn_include is not None:
+        dnn = parse_cudnn_headers(args.cudnn_include)
+        functions = {**functions, **describe_cudnn(dnn)}
+        hand = (*hand, *DNN_HAND)
+        inputs.insert(len(inputs) - 2, args.cudnn_include / "cudnn_graph.h")
     files = gen_remote.generate(functions, cuda, nccl, twins, names, newer, hand,
                                 banner("Remote mode (transparent mode): see proxy_server/README.md.", inputs),
-                                args.cudart_soname, blas)
+                                args.cudart_soname, blas, dnn)
     if args.cublaslt_header is not None:
         files["remote_stubs.c"] += lt_attribute_table(lt_attribute_sizes(args.cublaslt_header))
+    if args.cudnn_include is not None:
+        table = dnn_attribute_table(dnn_attribute_types(args.cudnn_include))
+        files["remote_stubs.c"] += table
+        files["proxy_dispatch.c"] += table
     return files
 
 

@@ -36,11 +36,16 @@ HANDLE_TYPES = {
     "cudaUserObject_t": "", "cudaGraphicsResource_t": "", "cudaExternalMemory_t": "",
     "cudaExternalSemaphore_t": "", "cudaAsyncCallbackHandle_t": "", "cudaLogsCallbackHandle": "",
     "ncclComm_t": "comm", "cudaGraphDeviceNode_t": "", "cudaMemFabricHandle_t": "",
-    "cublasHandle_t": "blas",
+    "cublasHandle_t": "blas", "cudnnHandle_t": "dnn", "cudnnTensorDescriptor_t": "dnn_tensor",
+    "cudnnActivationDescriptor_t": "",
 }
 KIND_ENUM = {"stream": "VH_STREAM", "event": "VH_EVENT", "kernel": "VH_KERNEL", "module": "VH_MODULE",
              "comm": "VH_COMM", "graph": "VH_GRAPH", "graph_exec": "VH_GRAPH_EXEC", "func": "VH_FUNC",
-             "blas": "VH_BLAS"}
+             "blas": "VH_BLAS", "dnn": "VH_DNN"}
+# Handle kinds that are no virtual handle: a cuDNN tensor descriptor, kept in the worker and carried by value
+# (interpose/remote/dnn.c: remote_dnn_put_tensor; the proxy makes a temporary one, proxy_server/src/dnn.c), and
+# a descriptor the call must be given as NULL (its remote_check refuses any other).
+BY_VALUE = {"dnn_tensor", "null_only"}
 # Functions whose stub tells remote/restart.c (track.h) what it created or destroyed, after a
 # successful call: the state a restarted proxy is given back (milestone 2b).
 TRACKED = {"cudaSetDevice", "cudaMalloc", "cudaFree", "cudaStreamCreate", "cudaStreamCreateWithFlags",
@@ -63,12 +68,13 @@ PTDS_VIA_ASYNC = {"cudaMemcpy": ("cudaMemcpyAsync", True), "cudaMemcpy2D": ("cud
                   "cudaMemset": ("cudaMemsetAsync", False), "cudaMemset2D": ("cudaMemset2DAsync", False),
                   "cudaMemcpyPeer": ("cudaMemcpyPeerAsync", True)}
 ERROR_TYPES = {"cudaError_t": "cudaErrorNotSupported", "ncclResult_t": "ncclInvalidUsage",
-               "cublasStatus_t": "CUBLAS_STATUS_NOT_SUPPORTED"}
+               "cublasStatus_t": "CUBLAS_STATUS_NOT_SUPPORTED", "cudnnStatus_t": "CUDNN_STATUS_NOT_SUPPORTED"}
 # What a call returns when there is no proxy to call (remote_begin failed).
-UNAVAILABLE = {"ncclResult_t": "ncclSystemError", "cublasStatus_t": "CUBLAS_STATUS_NOT_INITIALIZED"}
+UNAVAILABLE = {"ncclResult_t": "ncclSystemError", "cublasStatus_t": "CUBLAS_STATUS_NOT_INITIALIZED",
+               "cudnnStatus_t": "CUDNN_STATUS_NOT_INITIALIZED"}
 # Where the real library's pure functions are looked up (remote_local_fn in refuse.c).
 NEXT_LIBRARY = {"cudart": "remote_next_cudart", "nccl": "remote_next_nccl", "cublas": "remote_next_cublas",
-                "cublasLt": "remote_next_cublaslt"}
+                "cublasLt": "remote_next_cublaslt", "cudnn": "remote_next_cudnn"}
 HIDDEN_PROTOS = {
     "__cudaRegisterFatBinary": "void **__cudaRegisterFatBinary(void *fatCubin)",
     "__cudaRegisterFatBinaryEnd": "void __cudaRegisterFatBinaryEnd(void **fatCubinHandle)",
@@ -168,6 +174,10 @@ def worker_stub(function, rfn: str) -> str:
     for p, (cls, detail) in zip(proto.params, classes):
         if cls in ("value", "device", "host_in", "host_out", "host_inout"):
             lines.append(f"    rc_put(&jr_c, &{p.name}, sizeof {p.name});")
+        elif cls == "handle" and detail == "dnn_tensor":
+            lines.append(f"    remote_dnn_put_tensor(&jr_c, {p.name});")
+        elif cls == "handle" and detail == "null_only":
+            continue
         elif cls == "handle":
             lines.append(f"    rc_put_handle(&jr_c, (const void *){p.name});")
         elif cls in ("output", "create", "out_string"):
@@ -206,13 +216,13 @@ def proxy_dispatch_fn(function) -> str:
     proto, fact = function.proto, function.fact
     ok = ok_expr(proto)
     classes = classify(function)
-    bad_handle = {"ncclResult_t": "ncclInvalidArgument", "cublasStatus_t": "CUBLAS_STATUS_NOT_INITIALIZED"}.get(
-        proto.ret, "cudaErrorInvalidResourceHandle")
+    bad_handle = {"ncclResult_t": "ncclInvalidArgument", "cublasStatus_t": "CUBLAS_STATUS_NOT_INITIALIZED",
+                  "cudnnStatus_t": "CUDNN_STATUS_BAD_PARAM"}.get(proto.ret, "cudaErrorInvalidResourceHandle")
     bad = "ncclInvalidArgument" if proto.ret == "ncclResult_t" else "RD_BAD"
     lines = [f"static int32_t d_{function.name}(struct rdisp *jr_d)", "{",
              f"    if (real_{function.name} == NULL)      /* not in the library loaded (dispatch_resolve) */",
              f"        return dispatch_missing({c_str(function.name)});"]
-    for p, (cls, _) in zip(proto.params, classes):
+    for p, (cls, detail) in zip(proto.params, classes):
         if cls in ("output", "create"):
             lines.append(f"    {pointee(p.type)} v_{p.name};")
             lines.append(f"    memset(&v_{p.name}, 0, sizeof v_{p.name});")
@@ -224,11 +234,17 @@ def proxy_dispatch_fn(function) -> str:
             type_ = p.type[len("const "):] if p.type.startswith("const ") and not p.type.endswith("*") else p.type
             lines.append(f"    {type_} {p.name};")
             lines.append(f"    memset(&{p.name}, 0, sizeof {p.name});")
-        if cls == "handle":
+        if cls == "handle" and detail not in BY_VALUE:
             lines.append(f"    uint64_t vid_{p.name} = 0;")
+    tensors = [p.name for p, (cls, detail) in zip(proto.params, classes) if cls == "handle" and detail == "dnn_tensor"]
     for p, (cls, detail) in zip(proto.params, classes):
         if cls in ("value", "device", "host_in", "host_out", "host_inout"):
             lines.append(f"    if (rd_get(jr_d, &{p.name}, sizeof {p.name}))\n        return {bad};")
+        elif cls == "handle" and detail == "dnn_tensor":
+            # (a temporary descriptor, gone when the dispatch ends: rd_dnn_tensors_release below)
+            lines.append(f"    if (rd_dnn_tensor(jr_d, &{p.name}))\n        return {bad_handle};")
+        elif cls == "handle" and detail == "null_only":
+            continue
         elif cls == "handle":
             lines.append(f"    if (rd_get_handle(jr_d, {KIND_ENUM[detail]}, &vid_{p.name}, (void **)&{p.name}))\n"
                          f"        return {bad_handle};")
@@ -243,6 +259,8 @@ def proxy_dispatch_fn(function) -> str:
             lines.append(f"    if (rd_{which}(jr_d, (const void **)&{p.name}))\n        return {bad};")
     args = ", ".join(p.name for p in proto.params)
     lines.append(f"    {proto.ret} jr_ret = real_{function.name}({args});")
+    if tensors:
+        lines.append("    rd_dnn_tensors_release();")
     stream = next((p.name for p, (cls, d) in zip(proto.params, classes) if cls == "handle" and d == "stream"), None)
     if fact.mode == "async" and stream and any(cls in ("host_out", "host_inout") for cls, _ in classes):
         lines.append("    /* a destination in the arena (or pinned, when the worker asks): complete when the call returns */")
@@ -269,7 +287,8 @@ def refusal(name: str, proto, reason: str) -> str:
         # No usable prototype: the caller's arguments are ignored and the int result
         # (cudaError_t or ncclResult_t in every such function the ABI has) is the error.
         err = ("ncclInvalidUsage" if name.startswith(("nccl", "pnccl")) else
-               "CUBLAS_STATUS_NOT_SUPPORTED" if name.startswith("cublas") else "cudaErrorNotSupported")
+               "CUBLAS_STATUS_NOT_SUPPORTED" if name.startswith("cublas") else
+               "CUDNN_STATUS_NOT_SUPPORTED" if name.startswith("cudnn") else "cudaErrorNotSupported")
         return (f"EXPORT int {name}(void)\n{{\n    remote_refuse({c_str(name)}, {c_str(reason)});\n"
                 f"    return {err};\n}}\n")
     return (f"EXPORT {proto.decl()}\n{{\n    remote_refuse({c_str(name)}, {c_str(reason)});\n"
@@ -326,7 +345,8 @@ HAND_TWINS = {"cudaLaunchKernelExC", "cudaGetDriverEntryPoint", "cudaGetDriverEn
 
 
 def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: set[str], newer: dict[str, str],
-             hand: tuple[str, ...], banner: str, soname: str, blas: dict | None = None) -> dict[str, str]:
+             hand: tuple[str, ...], banner: str, soname: str, blas: dict | None = None,
+             dnn: dict | None = None) -> dict[str, str]:
     """The remote files, by name.
 
     ``blas``: every prototype of cuBLAS's header when the build forwards cuBLAS
@@ -371,12 +391,13 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
             done.add(f.twin)
     skipped: list[str] = []
     blas = blas or {}
-    for name in sorted(set(cuda) | set(nccl) | set(blas)):
+    dnn = dnn or {}
+    for name in sorted(set(cuda) | set(nccl) | set(blas) | set(dnn)):
         if name in done:
             continue
-        proto = cuda.get(name) or nccl.get(name) or blas.get(name)
+        proto = cuda.get(name) or nccl.get(name) or blas.get(name) or dnn.get(name)
         library = ("nccl" if name in nccl else "cublasLt" if name.startswith("cublasLt") else
-                   "cublas" if name in blas else "cudart")
+                   "cublas" if name in blas else "cudnn" if name in dnn else "cudart")
         fact = functions.get(name)
         if proto.ret in ERROR_TYPES:
             reason = fact.fact.refused if fact and fact.fact.refused else "not marshalled by remote mode yet"
@@ -422,12 +443,15 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
     stubs.append("/* Not exported (they bind to the real library; none touches device state): "
                  + ", ".join(skipped) + " */\n")
     cuda_exports = sorted({n for n, lib in exported if lib == "cudart"} |
-                          {n for n in hand_names if not n.startswith(("nccl", "cublas"))})
+                          {n for n in hand_names if not n.startswith(("nccl", "cublas", "cudnn"))})
     blas_exports = sorted(n for n, lib in exported if lib == "cublas")
     blas_node = ["libcublas.so.13 {", "  global:", *[f"    {n};" for n in blas_exports], "};", ""] if blas_exports else []
     lt_exports = sorted({n for n, lib in exported if lib == "cublasLt"} | {n for n in hand_names if n.startswith("cublasLt")})
     if lt_exports:       # cuBLASLt's own version node, as the real libcublasLt.so.13 has
         blas_node += ["libcublasLt.so.13 {", "  global:", *[f"    {n};" for n in lt_exports], "};", ""]
+    dnn_exports = sorted({n for n, lib in exported if lib == "cudnn"} | {n for n in hand_names if n.startswith("cudnn")})
+    if dnn_exports:      # the real libcudnn.so.9 exports its API under a node of that name
+        blas_node += ["libcudnn.so.9 {", "  global:", *[f"    {n};" for n in dnn_exports], "};", ""]
     mapfile = "\n".join([banner.rstrip("\n"), f"{soname} {{", "  global:", *[f"    {n};" for n in cuda_exports],
                          "};", "", *blas_node, "JITCKPT_REMOTE_1 {", "  global:", "    jitckpt_remote_*;",
                          "    jitckpt_phase_*;", "};", ""])
@@ -445,9 +469,10 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
     disp += ["};", "",
              "/* Resolves the real functions; returns how many the loaded libraries lack.  A missing",
              " * one is no error here: the program's call of it fails, naming it (dispatch_missing). */",
-             "int dispatch_resolve(void *cudart, void *nccl, void *cublas)", "{", "    int missing = 0;"]
+             "int dispatch_resolve(void *cudart, void *nccl, void *cublas, void *cudnn)", "{", "    int missing = 0;"]
     for name in syms:
-        lib = "nccl" if name.startswith("nccl") else "cublas" if name.startswith("cublas") else "cudart"
+        lib = ("nccl" if name.startswith("nccl") else "cublas" if name.startswith("cublas") else
+               "cudnn" if name.startswith("cudnn") else "cudart")
         disp.append(f"    if ((real_{name} = (__typeof__({name}) *)proxy_sym({lib}, {c_str(name)})) == NULL)\n"
                     f"        missing += dispatch_note_missing({c_str(name)});")
     disp += ["    return missing;", "}", ""]

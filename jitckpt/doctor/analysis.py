@@ -29,6 +29,14 @@ from jitckpt.doctor.symbols import (
 STATIC_RUNTIME_LIBRARIES: tuple[str, ...] = (
     "libcublas", "libcublasLt", "libcudnn", "libcufft", "libcusparse", "libcusolver", "libcurand",
 )
+# NVIDIA's libraries a CUDA PyTorch links, for the per-library table (issue 19): (file name prefix, name, used on
+# PyTorch's common training paths: GEMMs, convolutions, normalisation).  Longer prefixes first.
+NVIDIA_LIBRARIES: tuple[tuple[str, str, bool], ...] = (
+    ("libcublasLt", "cuBLASLt", True), ("libcublas", "cuBLAS", True), ("libcudnn", "cuDNN", True),
+    ("libcufft", "cuFFT", False), ("libcusparseLt", "cuSPARSELt", False), ("libcusparse", "cuSPARSE", False),
+    ("libcusolver", "cuSOLVER", False), ("libcurand", "cuRAND", False), ("libcufile", "cuFile", False),
+    ("libnvshmem", "NVSHMEM", False),
+)
 # A string of the runtime's error table: present in any copy of the runtime.
 _RUNTIME_ERROR_TABLE_MARK = b"cudaErrorInsufficientDriver"
 
@@ -171,6 +179,8 @@ class Report:
     ld_library_path: list[str]
     #: which libcudart (12 or 13) the code uses; None if it uses no CUDA runtime
     runtime_abi: Optional[RuntimeAbi] = None
+    #: NVIDIA's libraries in the closure and what transparent mode does with each (library_table)
+    libraries: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def verdict_line(self) -> str:
@@ -203,6 +213,7 @@ class Report:
             "runtime_abi": self.runtime_abi.to_json() if self.runtime_abi is not None else None,
             "limits": [{"key": l.key, "text": l.text, "applies": l.applies, "detail": l.detail} for l in self.limits],
             "notes": self.notes,
+            "libraries": self.libraries,
             "verdict": {
                 "passthrough": self.passthrough.to_json(),
                 "transparent": self.transparent.to_json(),
@@ -298,8 +309,8 @@ def _judge(imp: Import, coverage: Coverage) -> tuple[str, str]:
     """(status, reason) of one import against jitckpt's coverage."""
     if imp.category == DRIVER:
         return "not interposed", "driver API: jitckpt interposes at the runtime level only"
-    if imp.category == CUBLAS and coverage.lookup(CUBLAS):
-        pass  # this build forwards cuBLAS to the device proxy (issue 19): judged as the runtime is, below
+    if imp.category in (CUBLAS, CUDNN) and coverage.lookup(imp.category):
+        pass  # this build forwards cuBLAS/cuDNN to the device proxy (issue 19): judged as the runtime is, below
     elif imp.category in (CUBLAS, CUDNN, CUDA_LIBRARY):
         return "not interposed", (f"{CATEGORY_TITLES[imp.category]} API: not interposed; the library does its "
                                   "GPU work through its own static copy of the runtime")
@@ -353,8 +364,27 @@ def analyse(path: Path | str, coverage: Optional[Coverage] = None, search: Optio
         target=str(path), kind=kind, root=root_report, objects=objects, missing=missing, imports=imports,
         coverage=coverage, limits=limits, notes=notes, provider_summary=provider,
         passthrough=passthrough, transparent=transparent, ld_library_path=search.ld_library_path,
-        runtime_abi=abi,
+        runtime_abi=abi, libraries=library_table(objects, coverage),
     )
+
+
+def library_table(objects: list[ObjectReport], coverage: Coverage) -> list[dict[str, Any]]:
+    """Each of NVIDIA's libraries in the closure, once per file: ``forwarded`` (this build sends its API to the
+    device proxy) or ``refused when called`` (its own static runtime would reach the driver: the job stops at
+    its first such call, naming it; a library never called is no reason to refuse), and whether PyTorch's
+    common training paths use it."""
+    forwarded = {"cuBLAS": bool(coverage.lookup(CUBLAS)), "cuBLASLt": "cublasLtMatmul" in coverage.lookup(CUBLAS),
+                 "cuDNN": bool(coverage.lookup(CUDNN))}
+    rows, seen = [], set()
+    for o in objects[1:]:
+        for prefix, name, common in NVIDIA_LIBRARIES:
+            if o.obj.file_name_starts((prefix,)) and o.obj.name not in seen:
+                seen.add(o.obj.name)
+                rows.append({"library": name, "file": o.obj.name,
+                             "transparent": "forwarded" if forwarded.get(name) else "refused when called",
+                             "pytorch_common_path": common})
+                break
+    return rows
 
 
 def _provider_summary(root: ObjectReport, coverage: Coverage) -> Optional[dict[str, Any]]:
@@ -495,11 +525,14 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
     static_deps = [o for o in objects[1:] if o.static_runtime and o.role not in (ROLE_NCCL, ROLE_EMULATED_NCCL)]
     blas_forwarded = bool(coverage.lookup(CUBLAS))
     lt_forwarded = "cublasLtMatmul" in coverage.lookup(CUBLAS)  # (a build with cublasLt.h too)
+    dnn_forwarded = bool(coverage.lookup(CUDNN))
     for o in static_deps:
         if blas_forwarded and o.obj.file_name_starts(("libcublas.so",)):
             continue  # its API is forwarded (below): the worker never calls into it
         if lt_forwarded and o.obj.file_name_starts(("libcublasLt.so",)):
             continue  # likewise cuBLASLt's
+        if dnn_forwarded and o.obj.file_name_starts(("libcudnn",)):
+            continue  # likewise cuDNN's (and the sub-libraries libcudnn.so.9 would load)
         when_called.append(Reason(f"{o.obj.name} has its own static CUDA runtime",
                                   "; ".join(o.static_runtime) + ". Its GPU work would bypass the device proxy: "
                                   "the job stops at its first call that opens the CUDA driver"))
@@ -513,7 +546,7 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
     seen_static = {o.obj.name for o in static_deps}
     library_calls: dict[str, set[str]] = {}
     for i in imports:
-        if i.symbol.category == CUBLAS and blas_forwarded:
+        if (i.symbol.category == CUBLAS and blas_forwarded) or (i.symbol.category == CUDNN and dnn_forwarded):
             continue  # forwarded, or refused by name (below)
         if i.symbol.category in (CUBLAS, CUDNN, CUDA_LIBRARY) and (i.bound_to or "") not in seen_static:
             library_calls.setdefault(CATEGORY_TITLES[i.symbol.category], set()).add(i.bound_to or i.symbol.name)
@@ -534,14 +567,15 @@ def _verdicts(root: ObjectReport, objects: list[ObjectReport], imports: list[Imp
             if o is root:
                 passthrough.append(Reason(f"{o.obj.name} contains its own copy of NCCL",
                                           "its collectives never reach libnccl.so, so the watchdog cannot see them"))
-    if blas_forwarded:
-        blas_imports = sorted({i.symbol.name for i in imports if i.symbol.category == CUBLAS})
-        forwarded = [n for n in blas_imports if n in coverage.lookup(CUBLAS)]
-        if blas_imports:
-            t_notes.append(f"cuBLAS is forwarded to the device proxy: {len(forwarded)} of the {len(blas_imports)} "
-                           f"cuBLAS functions imported ({_sample(forwarded, 3) or 'none'}); the others are refused "
+    for category, on in ((CUBLAS, blas_forwarded), (CUDNN, dnn_forwarded)):
+        library_imports = sorted({i.symbol.name for i in imports if i.symbol.category == category})
+        forwarded = [n for n in library_imports if n in coverage.lookup(category)]
+        if on and library_imports:
+            title = CATEGORY_TITLES[category]
+            t_notes.append(f"{title} is forwarded to the device proxy: {len(forwarded)} of the {len(library_imports)} "
+                           f"{title} functions imported ({_sample(forwarded, 3) or 'none'}); the others are refused "
                            "by name when called")
-    for category in (RUNTIME, NCCL, CUBLAS):
+    for category in (RUNTIME, NCCL, CUBLAS, CUDNN):
         uncovered = sorted({i.symbol.name for i in imports if i.symbol.category == category and i.status == "not covered"})
         refused_by_name = [n for n in uncovered if coverage.refusal(n) is not None]
         if refused_by_name:  # exported by the remote library as a refusal: an error return when called

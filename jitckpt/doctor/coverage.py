@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 from jitckpt import native
 from jitckpt.doctor.errors import DoctorError
-from jitckpt.doctor.symbols import CUBLAS, NCCL, RUNTIME, RUNTIME_VERSION_NODE
+from jitckpt.doctor.symbols import CUBLAS, CUDNN, NCCL, RUNTIME, RUNTIME_VERSION_NODE
 
 #: Where the list lives inside the interposer's build directory.
 COVERAGE_FILE = "gen/coverage.json"
@@ -46,7 +46,8 @@ COVERAGE_FILE = "gen/coverage.json"
 NOT_BUILT = ("coverage unknown: the interposer's coverage list (" + COVERAGE_FILE + ") is not built; run "
              "`make -C interpose` in the jitckpt source tree, or reinstall jitckpt")
 # The list's library names -> the symbol category their functions belong to.
-_LIBRARIES = {"cudart": RUNTIME, "nccl": NCCL, "cublas": CUBLAS, "cublasLt": CUBLAS}  # (cuBLASLt: judged with cuBLAS)
+_LIBRARIES = {"cudart": RUNTIME, "nccl": NCCL, "cublas": CUBLAS, "cublasLt": CUBLAS,  # (cuBLASLt: judged with cuBLAS)
+              "cudnn": CUDNN}
 _PASSTHROUGH_MODES = ("wrapped", "forwarded")
 
 
@@ -76,6 +77,8 @@ class Coverage:
     refused: dict[str, str] = field(default_factory=dict)
     # cuBLAS functions forwarded to the device proxy (a build with cuBLAS's header; issue 19), by version
     cublas: dict[str, Optional[str]] = field(default_factory=dict)
+    # cuDNN functions forwarded likewise (a build with cuDNN's headers)
+    cudnn: dict[str, Optional[str]] = field(default_factory=dict)
 
     @classmethod
     def unknown(cls, why: str = NOT_BUILT) -> Coverage:
@@ -95,6 +98,8 @@ class Coverage:
             return self.nccl
         if category == CUBLAS:
             return self.cublas
+        if category == CUDNN:
+            return self.cudnn
         return {}
 
     def refusal(self, name: str) -> Optional[str]:
@@ -160,7 +165,7 @@ def _parse(data: Any, source: str) -> Coverage:
     version_node = data.get("runtime_version_node", RUNTIME_VERSION_NODE)
     if not isinstance(version_node, str):
         raise ValueError(f"'runtime_version_node' must be a string, got {version_node!r}")
-    tables: dict[str, dict[str, Optional[str]]] = {RUNTIME: {}, NCCL: {}, CUBLAS: {}}
+    tables: dict[str, dict[str, Optional[str]]] = {RUNTIME: {}, NCCL: {}, CUBLAS: {}, CUDNN: {}}
     passthrough: dict[str, str] = {}
     for name, entry in data["functions"].items():
         if not isinstance(entry, dict):
@@ -183,4 +188,5 @@ def _parse(data: Any, source: str) -> Coverage:
         if not isinstance(table, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
             raise ValueError(f"'{key}' must map function names to strings")
     return Coverage(tables[RUNTIME], tables[NCCL], [source], passthrough, version_node,
-                    remote=dict(remote), refused=dict(refused), cublas=tables[CUBLAS])
+                    remote=dict(remote), refused=dict(refused), cublas=tables[CUBLAS],
+                    cudnn=tables[CUDNN])

@@ -111,6 +111,12 @@ def render_text(report: Report, verbose: bool = False) -> str:
         for note in report.notes:
             out.append(_wrap(note, "  - "))
 
+    if report.libraries:
+        out.append("")
+        out.append("NVIDIA libraries in transparent mode:")
+        for row in report.libraries:
+            use = "" if row["pytorch_common_path"] else "; not used by PyTorch's common training paths"
+            out.append(f"  {row['library']:<11} {row['transparent']}{use}  ({row['file']})")
     out.append("")
     p, t = report.passthrough, report.transparent
     same = p.status == t.status and [str(r) for r in p.reasons] == [str(r) for r in t.reasons]

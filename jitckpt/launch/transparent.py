@@ -178,7 +178,8 @@ def parse_command(command: list[str]) -> Job:
 
 def worker_command(job: Job, proxy: Path, socket_template: str, preload: Path,
                    cudart: Optional[str] = None, nccl: Optional[str] = None,
-                   cublas: Optional[str] = None, cublaslt: Optional[str] = None) -> list[str]:
+                   cublas: Optional[str] = None, cublaslt: Optional[str] = None,
+                   cudnn: Optional[str] = None) -> list[str]:
     """The command that starts the job: torchrun (or, bare, one proxy) with every worker behind its own proxy."""
     behind_proxy = [str(proxy), "--socket", socket_template]
     if cudart:
@@ -189,6 +190,8 @@ def worker_command(job: Job, proxy: Path, socket_template: str, preload: Path,
         behind_proxy += ["--cublas", cublas]
     if cublaslt:
         behind_proxy += ["--cublaslt", cublaslt]
+    if cudnn:
+        behind_proxy += ["--cudnn", cudnn]
     behind_proxy += ["--preload", str(preload), "--", *job.program]
     if job.torchrun_options is None:
         return behind_proxy
@@ -282,11 +285,13 @@ CUDART_SONAME = "libcudart.so.13"
 NCCL_SONAME = "libnccl.so.2"
 CUBLAS_SONAME = "libcublas.so.13"
 CUBLASLT_SONAME = "libcublasLt.so.13"
+CUDNN_SONAME = "libcudnn.so.9"
 
 
 @dataclass
 class ProxyLibraries:
-    """The CUDA runtime, NCCL, cuBLAS and cuBLASLt every proxy of the job loads, each with how it was chosen."""
+    """The CUDA runtime, NCCL, cuBLAS, cuBLASLt and cuDNN every proxy of the job loads, each with how it was
+    chosen."""
 
     cudart: str
     cudart_how: str
@@ -296,6 +301,8 @@ class ProxyLibraries:
     cublas_how: str = ""
     cublaslt: Optional[str] = None  # None: the program loads none
     cublaslt_how: str = ""
+    cudnn: Optional[str] = None  # None: the program loads none
+    cudnn_how: str = ""
 
     def line(self) -> str:
         """The one line jit-run says about them."""
@@ -305,11 +312,10 @@ class ProxyLibraries:
             line = f"proxy: CUDA runtime {self.cudart}, NCCL {self.nccl} (both {self.cudart_how})"
         else:
             line = f"proxy: CUDA runtime {self.cudart} ({self.cudart_how}), NCCL {self.nccl} ({self.nccl_how})"
-        if self.cublas is not None:
-            line += f"; cuBLAS {self.cublas}" + ("" if self.cublas_how == self.cudart_how else f" ({self.cublas_how})")
-        if self.cublaslt is not None:
-            line += f"; cuBLASLt {self.cublaslt}" + ("" if self.cublaslt_how == self.cudart_how
-                                                     else f" ({self.cublaslt_how})")
+        for what, path, how in (("cuBLAS", self.cublas, self.cublas_how),
+                                ("cuBLASLt", self.cublaslt, self.cublaslt_how), ("cuDNN", self.cudnn, self.cudnn_how)):
+            if path is not None:
+                line += f"; {what} {path}" + ("" if how == self.cudart_how else f" ({how})")
         return line
 
 
@@ -406,7 +412,8 @@ def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) ->
             return str(path) if used else None
 
         return ProxyLibraries(str(build / CUDART_SONAME), how, str(build / NCCL_SONAME), how,
-                              emulated(CUBLAS_SONAME), how, emulated(CUBLASLT_SONAME), how)
+                              emulated(CUBLAS_SONAME), how, emulated(CUBLASLT_SONAME), how, emulated(CUDNN_SONAME),
+                              how)
     cudart = _choose(args.proxy_cudart, "--proxy-cudart", CUDART_SONAME, report, env)
     if cudart is None:
         where = _searched(report, env) if report is not None else "nothing (no analysis of the program)"
@@ -422,14 +429,15 @@ def proxy_libraries(args: Any, report: Any, env: dict[str, str], target: str) ->
                       f"({emulated.path}, {emulated.how}) with the real {Path(real.path).name} ({real.path}, "
                       f"{real.how}), which cannot work together: put both of one kind first on LD_LIBRARY_PATH, name "
                       "them with --proxy-cudart and --proxy-nccl, or give --emulated-gpus N")
-    # cuBLAS and cuBLASLt (forwarded at the library level): the ones the program loads, of the runtime's kind.
+    # cuBLAS, cuBLASLt and cuDNN (forwarded at the library level): the ones the program loads, of the runtime's
+    # kind.
     def loaded(soname: str) -> tuple[Optional[str], str]:
         found = _in_closure(report, soname) if report is not None else None
         if found is None or found.emulated != cudart.emulated:
             return None, ""
         return found.path, found.described()
 
-    blas = (*loaded(CUBLAS_SONAME), *loaded(CUBLASLT_SONAME))
+    blas = (*loaded(CUBLAS_SONAME), *loaded(CUBLASLT_SONAME), *loaded(CUDNN_SONAME))
     if nccl is None:
         return ProxyLibraries(cudart.path, cudart.described(), None,
                               f"{target} does not use NCCL and none is on its library search path", *blas)
@@ -548,7 +556,7 @@ def prepare(args: Any, given: Sequence[str] = ()) -> Launch:
     if "hang_timeout" in given:  # else the user's JITCKPT_HANG_TIMEOUT, or the remote library's default
         env[config.ENV_HANG_TIMEOUT] = str(float(args.hang_timeout))  # read by the remote library's recovery
     command = worker_command(job, proxy, template, remote, libraries.cudart, libraries.nccl, libraries.cublas,
-                             libraries.cublaslt)
+                             libraries.cublaslt, libraries.cudnn)
     return Launch(command, env, directory, job, notes, libraries)
 
 

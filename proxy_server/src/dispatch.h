@@ -35,7 +35,7 @@ struct dispatch_entry {
 };
 
 extern const struct dispatch_entry dispatch_generated[RFN_count];
-int dispatch_resolve(void *cudart, void *nccl, void *cublas);                /* generated: how many the libraries lack */
+int dispatch_resolve(void *cudart, void *nccl, void *cublas, void *cudnn);   /* generated: how many the libraries lack */
 int dispatch_note_missing(const char *name);                   /* missing.c: one the libraries lack (1) */
 int32_t dispatch_missing(const char *name);                    /* missing.c: a call of it fails, naming it */
 int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled);
@@ -47,6 +47,13 @@ int32_t dispatch_nccl_init_all(struct rdisp *d);               /* nccl_init.c */
 int32_t dispatch_hostfn(unsigned fn, struct rdisp *d);         /* hostfn.c */
 int32_t dispatch_library(unsigned fn, struct rdisp *d);        /* library.c */
 int32_t dispatch_blaslt(unsigned fn, struct rdisp *d);         /* blaslt.c (JITCKPT_REMOTE_CUBLASLT) */
+#ifdef JITCKPT_REMOTE_CUDNN
+#include <stdbool.h>
+#include <cudnn.h>
+int32_t dispatch_dnn(unsigned fn, struct rdisp *d);            /* dnn.c: the backend API */
+int rd_dnn_tensor(struct rdisp *d, cudnnTensorDescriptor_t *out);   /* dnn.c: a tensor descriptor by value */
+void rd_dnn_tensors_release(void);                             /* dnn.c: this dispatch's tensor descriptors */
+#endif
 int32_t dispatch_capture_info(struct rdisp *d);                /* graphs.c */
 const void *rd_func(const void *func);       /* a kernel's virtual id -> the runtime's handle; a host stub as is */
 int32_t dispatch_nccl_last_error(struct rdisp *d);             /* nccl_init.c */

@@ -1,9 +1,9 @@
 /* libs.c -- loading the CUDA runtime and NCCL the proxy executes calls with.
  *
  * Paths, first match wins: the command-line option (--cudart, --nccl,
- * --cublas, --cublaslt), the environment (JITCKPT_PROXY_CUDART, JITCKPT_PROXY_NCCL,
- * JITCKPT_PROXY_CUBLAS, JITCKPT_PROXY_CUBLASLT), and last the sonames (libcudart.so.13,
- * libnccl.so.2, libcublas.so.13, libcublasLt.so.13) through the ordinary search path
+ * --cublas, --cublaslt, --cudnn), the environment (JITCKPT_PROXY_CUDART, JITCKPT_PROXY_NCCL,
+ * JITCKPT_PROXY_CUBLAS, JITCKPT_PROXY_CUBLASLT, JITCKPT_PROXY_CUDNN), and last the sonames (libcudart.so.13,
+ * libnccl.so.2, libcublas.so.13, libcublasLt.so.13, libcudnn.so.9) through the ordinary search path
  * (LD_LIBRARY_PATH, ld.so.cache): what a program run in the same
  * environment would load.  The CPU device emulator is never a default
  * (DESIGN decision 7): it is loaded only when asked for, by its path or by
@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-void *cudart, *nccl, *cublas, *cublaslt;
+void *cudart, *nccl, *cublas, *cublaslt, *cudnn;
 
 /* The first of two paths relative to this executable's directory that exists, or NULL. */
 const char *default_sibling(const char *rel1, const char *rel2)
@@ -77,24 +77,26 @@ int libs_load(const struct proxy_options *o)
         plog("cannot load NCCL %s: %s (set --nccl or " PROXY_ENV_NCCL "); NCCL calls will fail", nc, dlerror());
     else if (!nccl)     /* none named and none on the search path: a program without NCCL needs none */
         pdebug("no NCCL (%s: %s); NCCL calls will fail", nc, dlerror());
-    /* cuBLAS (issue 19: forwarded at the library level), loaded after the runtime so that its
-     * libcudart.so.13 dependency is this one; a program without cuBLAS calls needs none. */
-    int bl_chosen;
-    const char *bl = choose(o->cublas_path, PROXY_ENV_CUBLAS, "libcublas.so.13", &bl_chosen);
-    cublas = dlopen(bl, RTLD_NOW | RTLD_GLOBAL);
-    if (!cublas && bl_chosen)
-        plog("cannot load cuBLAS %s: %s (set --cublas or " PROXY_ENV_CUBLAS "); cuBLAS calls will fail", bl, dlerror());
-    else if (!cublas)
-        pdebug("no cuBLAS (%s: %s); cuBLAS calls will fail", bl, dlerror());
-    int lt_chosen;
-    const char *lt = choose(o->cublaslt_path, PROXY_ENV_CUBLASLT, "libcublasLt.so.13", &lt_chosen);
-    cublaslt = dlopen(lt, RTLD_NOW | RTLD_GLOBAL);
-    if (!cublaslt && lt_chosen)
-        plog("cannot load cuBLASLt %s: %s (set --cublaslt or " PROXY_ENV_CUBLASLT "); cuBLASLt calls will fail", lt,
-             dlerror());
-    else if (!cublaslt)
-        pdebug("no cuBLASLt (%s: %s); cuBLASLt calls will fail", lt, dlerror());
-    pdebug("CUDA runtime %s, NCCL %s, cuBLAS %s, cuBLASLt %s", rt, nc, cublas ? bl : "none", cublaslt ? lt : "none");
+    /* cuBLAS, cuBLASLt and cuDNN (issue 19: forwarded at the library level), loaded after the runtime so
+     * that their libcudart.so.13 dependency is this one; a program that does not call one needs none. */
+    struct { void **lib; const char *option, *env, *soname, *what, *flag; } libs[] = {
+        {&cublas, o->cublas_path, PROXY_ENV_CUBLAS, "libcublas.so.13", "cuBLAS", "--cublas"},
+        {&cublaslt, o->cublaslt_path, PROXY_ENV_CUBLASLT, "libcublasLt.so.13", "cuBLASLt", "--cublaslt"},
+        {&cudnn, o->cudnn_path, PROXY_ENV_CUDNN, "libcudnn.so.9", "cuDNN", "--cudnn"},
+    };
+    const char *path[3];
+    for (int i = 0; i < 3; i++) {
+        int chosen;
+        path[i] = choose(libs[i].option, libs[i].env, libs[i].soname, &chosen);
+        *libs[i].lib = dlopen(path[i], RTLD_NOW | RTLD_GLOBAL);
+        if (!*libs[i].lib && chosen)
+            plog("cannot load %s %s: %s (set %s or %s); %s calls will fail", libs[i].what, path[i], dlerror(),
+                 libs[i].flag, libs[i].env, libs[i].what);
+        else if (!*libs[i].lib)
+            pdebug("no %s (%s: %s); %s calls will fail", libs[i].what, path[i], dlerror(), libs[i].what);
+    }
+    pdebug("CUDA runtime %s, NCCL %s, cuBLAS %s, cuBLASLt %s, cuDNN %s", rt, nc, cublas ? path[0] : "none",
+           cublaslt ? path[1] : "none", cudnn ? path[2] : "none");
     return 0;
 }
 

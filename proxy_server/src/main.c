@@ -71,7 +71,7 @@ void pdebug(const char *fmt, ...)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: jitckpt-proxy --socket PATH [--cudart PATH] [--nccl PATH] [--cublas PATH] [--cublaslt PATH] [--preload PATH]\n"
+    fprintf(stderr, "usage: jitckpt-proxy --socket PATH [--cudart PATH] [--nccl PATH] [--cublas PATH] [--cublaslt PATH] [--cudnn PATH] [--preload PATH]\n"
                     "                     [--worker-pid PID] [--arena-mib N] [--verbose] [-- PROGRAM ARGS...]\n"
                     "  in --socket PATH: %%r = $RANK, %%l = $LOCAL_RANK (0 when unset), %%%% = %%\n");
     exit(2);
@@ -158,6 +158,8 @@ static void parse(int argc, char **argv, struct proxy_options *o)
             o->cublas_path = v;
         else if (strcmp(a, "--cublaslt") == 0)
             o->cublaslt_path = v;
+        else if (strcmp(a, "--cudnn") == 0)
+            o->cudnn_path = v;
         else if (strcmp(a, "--preload") == 0)
             o->preload_path = v;
         else if (strcmp(a, "--worker-pid") == 0)
@@ -264,7 +266,7 @@ int main(int argc, char **argv)
         return 1;
     /* What the loaded NCCL (or runtime) lacks fails when the program calls it (missing.c);
      * nvcc's hidden entry points every CUDA runtime has. */
-    dispatch_resolve(cudart, nccl, cublas);
+    dispatch_resolve(cudart, nccl, cublas, cudnn);
     const char *missing = special_resolve(cudart);
     if (missing) {
         plog("the CUDA runtime lacks %s", missing);

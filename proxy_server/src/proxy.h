@@ -24,6 +24,7 @@
 #define PROXY_ENV_NCCL "JITCKPT_PROXY_NCCL"
 #define PROXY_ENV_CUBLAS "JITCKPT_PROXY_CUBLAS"
 #define PROXY_ENV_CUBLASLT "JITCKPT_PROXY_CUBLASLT"
+#define PROXY_ENV_CUDNN "JITCKPT_PROXY_CUDNN"
 #define PROXY_ENV_PRELOAD "JITCKPT_PROXY_PRELOAD"
 #define PROXY_ENV_RING_KIB "JITCKPT_PROXY_RING_KIB"     /* the request ring's size (segment.c) */
 
@@ -33,6 +34,7 @@ struct proxy_options {
     const char *nccl_path;
     const char *cublas_path;       /* NULL: the default (libs.c) */
     const char *cublaslt_path;     /* NULL: the default (libs.c) */
+    const char *cudnn_path;        /* NULL: the default (libs.c) */
     const char *preload_path;      /* spawn mode: the worker's LD_PRELOAD */
     pid_t worker_pid;              /* 0: the spawned child, or (no program) any pid */
     uint64_t arena_bytes;
@@ -47,7 +49,7 @@ extern int proxy_verbose;
 /* libs.c */
 int libs_load(const struct proxy_options *o);
 void *proxy_sym(void *lib, const char *name);
-extern void *cudart, *nccl, *cublas, *cublaslt;
+extern void *cudart, *nccl, *cublas, *cublaslt, *cudnn;
 const char *default_sibling(const char *relative_to_exe_dir_1, const char *relative_to_exe_dir_2);
 
 /* segment.c */

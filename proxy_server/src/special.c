@@ -263,6 +263,11 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
     case RFN_cublasLtMatrixLayoutGetAttribute: case RFN_cublasLtMatmulPreferenceGetAttribute:
         return dispatch_blaslt(fn, d);                                            /* blaslt.c */
 #endif
+#ifdef JITCKPT_REMOTE_CUDNN
+    case RFN_cudnnBackendCreateDescriptor: case RFN_cudnnBackendDestroyDescriptor: case RFN_cudnnBackendSetAttribute:
+    case RFN_cudnnBackendGetAttribute: case RFN_cudnnBackendFinalize: case RFN_cudnnBackendExecute:
+        return dispatch_dnn(fn, d);                                               /* dnn.c */
+#endif
     case JITCKPT_RFN_PARAM_SIZES: return param_sizes(d);
     case JITCKPT_RFN_HOST_REGISTER:
     case JITCKPT_RFN_HOST_UNREGISTER: return dispatch_pinned(fn, d);      /* pinned.c */

@@ -180,15 +180,20 @@ static void classify(void)
             kinds[fn] = K_CAPTURE_BEGIN;
         else if (strcmp(n, "cudaStreamEndCapture") == 0)
             kinds[fn] = K_CAPTURE_END;
-        else if (strcmp(n, "cublasSetStream_v2") == 0)
+        else if (strcmp(n, "cublasSetStream_v2") == 0 || strcmp(n, "cudnnSetStream") == 0)
             kinds[fn] = K_BLAS_SET_STREAM;
         else if (strncmp(n, "cublas", 6) == 0 && (strstr(n, "gemm") || strstr(n, "Gemm")))
             kinds[fn] = K_BLAS_WORK;           /* work on the handle's stream (issue 19) */
+        else if (strncmp(n, "cudnnBatchNormalization", 23) == 0)
+            kinds[fn] = K_BLAS_WORK;           /* likewise a cuDNN handle's */
     }
     kinds[RFN_cudaLaunchKernel] = K_WORK;
     kinds[RFN___cudaLaunchKernel] = K_WORK;
 #ifdef JITCKPT_REMOTE_CUBLASLT
     kinds[RFN_cublasLtMatmul] = K_WORK;        /* a GEMM on the stream it names (blaslt.c) */
+#endif
+#ifdef JITCKPT_REMOTE_CUDNN
+    kinds[RFN_cudnnBackendExecute] = K_BLAS_WORK;   /* an execution plan on its handle's stream (dnn.c) */
 #endif
     kinds_ready = 1;
 }
@@ -197,8 +202,9 @@ static unsigned cur_fn;
 static int cur_kind, cur_dropped;
 static uint64_t cur_stream, cur_event, cur_comm, cur_blas;
 
-/* Each cuBLAS handle's stream (issue 19): a GEMM is work on it, held back as a launch on it is.  Set by
- * cublasSetStream_v2 (the worker sends it again to a new proxy); a handle never given one works on stream 0.
+/* Each cuBLAS or cuDNN handle's stream (issue 19): a GEMM, a convolution or a BatchNorm is work on it, held
+ * back as a launch on it is.  Set by cublasSetStream_v2 or cudnnSetStream (the worker sends it again to a
+ * new proxy); a handle never given one works on stream 0.  (Virtual ids name their kind: one table.)
  * Main thread only. */
 #define MAX_BLAS 256
 static struct { uint64_t blas, stream; } blas_streams[MAX_BLAS];
@@ -353,7 +359,7 @@ int watch_handle(int kind, uint64_t vid)
             comm_remove((ncclComm_t)real);          /* before it is destroyed: the watcher must not touch it */
         return 0;
     }
-    if (kind == VH_BLAS) {
+    if (kind == VH_BLAS || kind == VH_DNN) {
         cur_blas = vid;
         if (cur_kind != K_BLAS_WORK)
             return 0;
