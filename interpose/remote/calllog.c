@@ -143,6 +143,12 @@ static uint32_t classify(unsigned fn)
     case RFN_cudaLibraryUnload: case RFN_cudaStreamBeginCapture: case RFN_cudaStreamEndCapture:
     case RFN_cudaGraphInstantiate: case RFN_cudaGraphInstantiateWithFlags: case RFN_cudaGraphLaunch:
     case RFN_cudaGraphExecDestroy: case RFN_cudaGraphDestroy:
+#ifdef JITCKPT_REMOTE_CUBLAS
+    case RFN_cublasCreate_v2: case RFN_cublasDestroy_v2:
+#endif
+#ifdef JITCKPT_REMOTE_CUDNN
+    case RFN_cudnnCreate: case RFN_cudnnDestroy:
+#endif
         return LOG_NOREPLAY;
     default:
         return fn < RFN_count ? 0 : LOG_NOREPLAY;
@@ -161,7 +167,7 @@ void remote_log_call(struct rcall *c, uint32_t flags)
     unsigned fn = c->w->fn;
     flags |= classify(fn);
     if ((flags & LOG_NOREPLAY) && !segs[nsegs - 1].noreplay)
-        segs[nsegs - 1].noreplay = "it creates or destroys a stream, event, communicator or module";
+        segs[nsegs - 1].noreplay = "it creates or destroys a stream, event, communicator, module or library handle";
     struct lrec r = {fn, flags, (uint32_t)c->req, (uint32_t)c->nbuf, in};
     size_t need = REC_SIZE(r);
     if (c->log_in_over || len + need > cap) {
