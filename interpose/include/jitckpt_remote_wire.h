@@ -205,21 +205,21 @@ struct jitckpt_lt_attr_size { uint32_t kind, id, size; };   /* generated from cu
  * A legacy tensor descriptor (cudnnTensorDescriptor_t) is kept in the worker; a call that uses one carries
  * this structure (set 0: a NULL descriptor), from which the proxy makes a temporary descriptor for the call.
  *
- * A backend descriptor is a virtual handle (VH_DNN_DESC).  cudnnBackendSetAttribute carries (u32 name,
- * u32 type, i64 count, count elements of the type's size); an element of type CUDNN_TYPE_BACKEND_DESCRIPTOR
- * or CUDNN_TYPE_HANDLE is a virtual id, which the proxy maps.  cudnnBackendGetAttribute of descriptors fills
- * the descriptors the worker names, in the proxy.  A variant pack is kept in the worker: cudnnBackendExecute
- * carries the handle, the plan and struct jitckpt_dnn_pack followed by n uids (i64), n pointers, n_inter
- * intermediate uids (i64). */
+ * A backend descriptor is a virtual handle (VH_DNN_DESC).  cudnnBackendSetAttribute and GetAttribute carry
+ * (u64 id, u32 name, u32 type, i64 count, u32 has_array, u32 want_count) and a set's elements; an element of
+ * type CUDNN_TYPE_BACKEND_DESCRIPTOR or CUDNN_TYPE_HANDLE is a virtual id, which the proxy maps (an unknown
+ * one to NULL, for cuDNN to judge).  A get of descriptors fills, in the proxy, the descriptors the worker
+ * names.  A variant pack is kept in the worker as the list of its sets: cudnnBackendExecute carries the
+ * handle and two descriptor arguments (u32 kind: 0 NULL, 1 a u64 id, 2 a pack: u32 sets, u32 finalized,
+ * then per set u32 name, u32 type, i64 count, u32 has_array, the elements); a pack's question (a set or a
+ * finalize the worker does not answer itself, any get) travels as a pack argument, then u32 op
+ * (enum jitckpt_dnn_pack_op) and the attribute call as above. */
 #define JITCKPT_DNN_DIM_MAX 8
 struct jitckpt_dnn_tensor {
     int32_t set, data_type, nb_dims, pad;
     int32_t dims[JITCKPT_DNN_DIM_MAX], strides[JITCKPT_DNN_DIM_MAX];
 };
-struct jitckpt_dnn_pack {
-    uint64_t workspace;
-    int64_t n, n_inter;
-};
+enum jitckpt_dnn_pack_op { JITCKPT_DNN_PACK_SET, JITCKPT_DNN_PACK_GET, JITCKPT_DNN_PACK_FINALIZE };
 #define JITCKPT_DNN_PACK_MAX 64           /* tensors of one variant pack */
 
 #endif

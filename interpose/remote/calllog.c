@@ -126,6 +126,8 @@ static uint32_t classify(unsigned fn)
     /* a backend descriptor's definition: kept by dnn.c and played to a new proxy before any replay */
     case RFN_cudnnBackendCreateDescriptor: case RFN_cudnnBackendSetAttribute: case RFN_cudnnBackendGetAttribute:
     case RFN_cudnnBackendFinalize: case RFN_cudnnBackendDestroyDescriptor: case RFN_cudnnGetStream:
+    case RFN_cudnnBackendInitialize:     /* (a variant pack's question to the proxy's cuDNN: dnn.c) */
+    case RFN_cudnnGetLastErrorString:
     case RFN_cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize:
     case RFN_cudnnGetBatchNormalizationBackwardExWorkspaceSize:
     case RFN_cudnnGetBatchNormalizationTrainingExReserveSpaceSize:

@@ -40,6 +40,11 @@
 extern const size_t jitckpt_dnn_type_bytes[];
 extern const unsigned jitckpt_dnn_type_count;
 
+#define MAX_ATTR_BYTES (16u * 1024u)      /* the most attribute bytes one call carries */
+/* A variant pack's question to the proxy (pack_ask) travels under the id of cudnnBackendInitialize, which
+ * this library answers itself and never sends (proxy_server/src/dnn.c reads it so). */
+#define RFN_DNN_PACK_ASK RFN_cudnnBackendInitialize
+
 /* ---- handles ---------------------------------------------------------------------------- */
 
 struct dnn_handle { cudnnHandle_t handle; int device; cudaStream_t stream; };
@@ -110,6 +115,52 @@ void remote_dnn_minibatch_begins(void)
     }
 }
 
+/* A pure query: the worker's own libcudnn answers (remote/bypass.c keeps the driver out of reach meanwhile). */
+EXPORT cudnnStatus_t cudnnGetProperty(libraryPropertyType type, int *value)
+{
+    static void *fn;
+    __typeof__(cudnnGetProperty) *next = (__typeof__(cudnnGetProperty) *)remote_local_fn(&fn, "cudnnGetProperty",
+                                                                                         remote_next_cudnn);
+    remote_pure_call(1);
+    cudnnStatus_t st = next(type, value);
+    remote_pure_call(0);
+    return st;
+}
+
+/* The last error message of the proxy's cuDNN, which made the calls. */
+EXPORT void cudnnGetLastErrorString(char *message, size_t max_size)
+{
+    struct rcall c;
+    if (message == NULL || max_size == 0)
+        return;
+    message[0] = '\0';
+    if (remote_begin(&c, RFN_cudnnGetLastErrorString) != 0)
+        return;
+    if (remote_call(&c) == 0) {
+        const char *text = rc_get_string(&c);
+        if (text) {
+            strncpy(message, text, max_size - 1);
+            message[max_size - 1] = '\0';
+        }
+    }
+    remote_end(&c);
+}
+
+/* A BatchNorm forward pass in training mode updated its running statistics in place.  The device state a
+ * recovery meets (the forward passes over, the optimizer not yet run) already holds the update, and the
+ * replay of the minibatch would make it a second time: what the minibatch replay cannot undo, so
+ * transparent recovery is off, said at once with the reason (not later, by replay validation).  PyTorch
+ * also counts the batches in a buffer of its own (num_batches_tracked), with a kernel. */
+void remote_dnn_running_stats(const void *mean, const void *variance, double factor)
+{
+    if ((mean == NULL && variance == NULL) || factor == 0.0 || !remote_recovery_enabled())
+        return;
+    remote_recovery_off("in-place", "cudnnBatchNormalizationForwardTraining updates the running mean and variance in "
+                        "place during the forward pass; a replay of the minibatch from the state a failure leaves "
+                        "would apply that update twice (a BatchNorm without running statistics, or in eval mode, "
+                        "can be recovered)");
+}
+
 /* ---- legacy tensor descriptors (kept here) ----------------------------------------------- */
 
 #define TENSOR_MAGIC 0x6a6b4474u                   /* "jkDt" */
@@ -146,17 +197,26 @@ EXPORT cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t tensor
     return CUDNN_STATUS_SUCCESS;
 }
 
+/* cuDNN's documented rules: an unknown data type is BAD_PARAM, nbDims outside [4, CUDNN_DIM_MAX] or more than
+ * 2^31 elements NOT_SUPPORTED, a non-positive dimension or stride BAD_PARAM. */
 static cudnnStatus_t set_nd(cudnnTensorDescriptor_t desc, cudnnDataType_t type, int nb, const int *dims,
                             const int *strides)
 {
     struct dnn_tensor *t = tensor_of(desc);
-    if (t == NULL || nb <= 0 || dims == NULL || strides == NULL)
+    if (t == NULL || (int)type < 0 || (int)type > 63)
         return CUDNN_STATUS_BAD_PARAM;
-    if (nb > JITCKPT_DNN_DIM_MAX)
+    if (nb < 4 || nb > JITCKPT_DNN_DIM_MAX)
         return CUDNN_STATUS_NOT_SUPPORTED;
-    for (int i = 0; i < nb; i++)
+    if (dims == NULL || strides == NULL)
+        return CUDNN_STATUS_BAD_PARAM;
+    int64_t elements = 1;
+    for (int i = 0; i < nb; i++) {
         if (dims[i] <= 0 || strides[i] <= 0)
             return CUDNN_STATUS_BAD_PARAM;
+        elements *= dims[i];
+    }
+    if (elements > INT32_MAX)
+        return CUDNN_STATUS_NOT_SUPPORTED;
     t->t = (struct jitckpt_dnn_tensor){.set = 1, .data_type = type, .nb_dims = nb};
     memcpy(t->t.dims, dims, (size_t)nb * sizeof *dims);
     memcpy(t->t.strides, strides, (size_t)nb * sizeof *strides);
@@ -193,10 +253,14 @@ EXPORT cudnnStatus_t cudnnSetTensorNdDescriptorEx(cudnnTensorDescriptor_t tensor
                                                   cudnnDataType_t dataType, int nbDims, const int dimA[])
 {
     int strides[JITCKPT_DNN_DIM_MAX];
-    if (dimA == NULL || nbDims <= 0 || (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC))
+    if (format == CUDNN_TENSOR_NCHW_VECT_C)
+        return CUDNN_STATUS_NOT_SUPPORTED;     /* (vectorized int8 layouts: not forwarded) */
+    if (format != CUDNN_TENSOR_NCHW && format != CUDNN_TENSOR_NHWC)
         return CUDNN_STATUS_BAD_PARAM;
-    if (nbDims > JITCKPT_DNN_DIM_MAX)
+    if (nbDims < 4 || nbDims > JITCKPT_DNN_DIM_MAX)
         return CUDNN_STATUS_NOT_SUPPORTED;
+    if (dimA == NULL)
+        return CUDNN_STATUS_BAD_PARAM;
     packed(nbDims, dimA, format == CUDNN_TENSOR_NHWC, strides);
     return set_nd(tensorDesc, dataType, nbDims, dimA, strides);
 }
@@ -220,7 +284,7 @@ EXPORT cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t te
                                                 cudnnDataType_t *dataType, int *nbDims, int dimA[], int strideA[])
 {
     struct dnn_tensor *t = tensor_of(tensorDesc);
-    if (t == NULL || nbDimsRequested < 0)
+    if (nbDimsRequested < 0 || !dataType || !nbDims || (nbDimsRequested > 0 && (!dimA || !strideA)) || t == NULL)
         return CUDNN_STATUS_BAD_PARAM;
     if (dataType)
         *dataType = (cudnnDataType_t)t->t.data_type;
@@ -257,7 +321,9 @@ EXPORT cudnnStatus_t cudnnDeriveBNTensorDescriptor(cudnnTensorDescriptor_t deriv
                                                    const cudnnTensorDescriptor_t xDesc, cudnnBatchNormMode_t mode)
 {
     struct dnn_tensor *x = tensor_of(xDesc);
-    if (x == NULL || tensor_of(derivedBnDesc) == NULL || !x->t.set || (x->t.nb_dims != 4 && x->t.nb_dims != 5))
+    if (x == NULL || !x->t.set || (mode != CUDNN_BATCHNORM_PER_ACTIVATION && mode != CUDNN_BATCHNORM_SPATIAL &&
+                                   mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT) ||
+        (x->t.nb_dims != 4 && x->t.nb_dims != 5) || tensor_of(derivedBnDesc) == NULL)
         return CUDNN_STATUS_BAD_PARAM;
     int dims[JITCKPT_DNN_DIM_MAX], strides[JITCKPT_DNN_DIM_MAX];
     for (int i = 0; i < x->t.nb_dims; i++)
@@ -287,15 +353,19 @@ size_t remote_dnn_scalar_bytes(cudnnTensorDescriptor_t desc, const void *scalar)
 
 /* ---- variant packs (kept here) ------------------------------------------------------------ */
 
+/* A variant pack is the list of the attribute values the program set, in order, and whether it was
+ * finalized.  The common path is answered here: a set of UNIQUE_IDS, DATA_POINTERS, WORKSPACE or
+ * INTERMEDIATES with the documented type, a finalize with all three required attributes, as many pointers as
+ * ids and no id twice.  Anything else (an error, a get, another attribute) is asked of the proxy's cuDNN on
+ * a copy of the pack (pack_ask), so that the program gets the library's own answer; a cudnnBackendExecute
+ * carries the pack and the proxy makes a real one from it. */
 #define PACK_MAGIC 0x6a6b4470u                     /* "jkDp" */
+struct pack_set { uint32_t name, type; int64_t count; size_t len; unsigned char *bytes; int has_array; };
 struct dnn_pack {
     uint32_t magic;
     int finalized;
-    int64_t n_uids, n_ptrs, n_inter;
-    int64_t uids[JITCKPT_DNN_PACK_MAX];
-    void *ptrs[JITCKPT_DNN_PACK_MAX];
-    int64_t inter[JITCKPT_DNN_PACK_MAX];
-    void *workspace;
+    size_t n, cap;
+    struct pack_set *sets;
 };
 
 static struct dnn_pack *pack_of(const void *p)
@@ -305,62 +375,149 @@ static struct dnn_pack *pack_of(const void *p)
                                                                                          : NULL;
 }
 
-static cudnnStatus_t pack_set(struct dnn_pack *k, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
-                              int64_t count, const void *array)
+static size_t type_bytes(cudnnBackendAttributeType_t type)
 {
-    if (k->finalized)
-        return CUDNN_STATUS_NOT_INITIALIZED;
-    if (count < 0 || (count > 0 && array == NULL))
-        return CUDNN_STATUS_BAD_PARAM;
-    switch (name) {
-    case CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS:
-    case CUDNN_ATTR_VARIANT_PACK_INTERMEDIATES:
-        if (type != CUDNN_TYPE_INT64)
-            return CUDNN_STATUS_BAD_PARAM;
-        if (count > JITCKPT_DNN_PACK_MAX)
-            return CUDNN_STATUS_NOT_SUPPORTED;
-        memcpy(name == CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS ? k->uids : k->inter, array, (size_t)count * 8);
-        *(name == CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS ? &k->n_uids : &k->n_inter) = count;
-        return CUDNN_STATUS_SUCCESS;
-    case CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS:
-        if (type != CUDNN_TYPE_VOID_PTR)
-            return CUDNN_STATUS_BAD_PARAM;
-        if (count > JITCKPT_DNN_PACK_MAX)
-            return CUDNN_STATUS_NOT_SUPPORTED;
-        memcpy(k->ptrs, array, (size_t)count * sizeof(void *));
-        k->n_ptrs = count;
-        return CUDNN_STATUS_SUCCESS;
-    case CUDNN_ATTR_VARIANT_PACK_WORKSPACE:
-        if (type != CUDNN_TYPE_VOID_PTR || count != 1)
-            return CUDNN_STATUS_BAD_PARAM;
-        memcpy(&k->workspace, array, sizeof(void *));
-        return CUDNN_STATUS_SUCCESS;
-    default:
-        return CUDNN_STATUS_BAD_PARAM;
+    return (unsigned)type < jitckpt_dnn_type_count ? jitckpt_dnn_type_bytes[type] : 0;
+}
+
+/* The bytes an attribute array of `count` elements of `type` takes on the wire (0 when not sizeable). */
+static size_t array_bytes(cudnnBackendAttributeType_t type, int64_t count)
+{
+    return count > 0 ? (size_t)count * type_bytes(type) : 0;
+}
+
+static void pack_free(struct dnn_pack *k)
+{
+    for (size_t i = 0; i < k->n; i++)
+        free(k->sets[i].bytes);
+    free(k->sets);
+    k->magic = 0;
+    free(k);
+}
+
+/* The pack on the wire: u32 sets, u32 finalized, then per set u32 name, u32 type, i64 count, u32 has_array,
+ * the array's bytes. */
+static void put_pack(struct rcall *c, const struct dnn_pack *k)
+{
+    uint32_t n = (uint32_t)k->n, fin = (uint32_t)k->finalized;
+    rc_put(c, &n, sizeof n);
+    rc_put(c, &fin, sizeof fin);
+    for (size_t i = 0; i < k->n; i++) {
+        const struct pack_set *e = &k->sets[i];
+        uint32_t has = (uint32_t)e->has_array;
+        rc_put(c, &e->name, sizeof e->name);
+        rc_put(c, &e->type, sizeof e->type);
+        rc_put(c, &e->count, sizeof e->count);
+        rc_put(c, &has, sizeof has);
+        rc_put(c, e->bytes, e->len);
     }
 }
 
-static cudnnStatus_t pack_get(struct dnn_pack *k, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
-                              int64_t requested, int64_t *count, void *array)
+/* A descriptor argument of cudnnBackendExecute: u32 kind (0 NULL, 1 a backend descriptor's virtual id,
+ * 2 a variant pack kept here), then the id or the pack. */
+static void put_desc_arg(struct rcall *c, const void *desc)
 {
-    const void *src;
-    int64_t n;
-    size_t size = 8;
-    switch (name) {
-    case CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS: src = k->uids; n = k->n_uids; break;
-    case CUDNN_ATTR_VARIANT_PACK_INTERMEDIATES: src = k->inter; n = k->n_inter; break;
-    case CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS: src = k->ptrs; n = k->n_ptrs; size = sizeof(void *); break;
-    case CUDNN_ATTR_VARIANT_PACK_WORKSPACE: src = &k->workspace; n = 1; size = sizeof(void *); break;
-    default: return CUDNN_STATUS_BAD_PARAM;
+    const struct dnn_pack *k = pack_of(desc);
+    uint32_t kind = desc == NULL ? 0 : k ? 2 : 1;
+    rc_put(c, &kind, sizeof kind);
+    if (kind == 1) {
+        uint64_t vid = (uint64_t)(uintptr_t)desc;
+        rc_put(c, &vid, sizeof vid);
+    } else if (kind == 2) {
+        put_pack(c, k);
     }
-    if ((type == CUDNN_TYPE_INT64) != (name == CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS ||
-                                       name == CUDNN_ATTR_VARIANT_PACK_INTERMEDIATES) || requested < 0)
-        return CUDNN_STATUS_BAD_PARAM;
-    if (count)
-        *count = n;
-    if (array)
-        memcpy(array, src, (size_t)(requested < n ? requested : n) * size);
+}
+
+
+/* The proxy's cuDNN answers for a copy of the pack: `op` applied after the sets so far (a set's value, or
+ * a get's request).  The call log skips it: it changes nothing on the device. */
+static cudnnStatus_t pack_ask(struct dnn_pack *k, uint32_t op, uint32_t name, uint32_t type, int64_t count,
+                              const void *array, int64_t *element_count, void *out)
+{
+    size_t len = array_bytes(type, count);
+    if (len > MAX_ATTR_BYTES) {
+        remote_refuse_call("cudnnBackendSetAttribute", "more than 16 KiB of attribute values");
+        return CUDNN_STATUS_NOT_SUPPORTED;
+    }
+    struct rcall c;
+    if (remote_begin(&c, RFN_DNN_PACK_ASK) != 0)
+        return CUDNN_STATUS_NOT_INITIALIZED;
+    put_desc_arg(&c, k);
+    uint32_t has = (op == JITCKPT_DNN_PACK_SET ? array : out) != NULL, want = element_count != NULL;
+    rc_put(&c, &op, sizeof op);
+    rc_put(&c, &name, sizeof name);
+    rc_put(&c, &type, sizeof type);
+    rc_put(&c, &count, sizeof count);
+    rc_put(&c, &has, sizeof has);
+    rc_put(&c, &want, sizeof want);
+    if (op == JITCKPT_DNN_PACK_SET && has)
+        rc_put(&c, array, len);
+    cudnnStatus_t ret = (cudnnStatus_t)remote_call(&c);
+    if (ret == CUDNN_STATUS_SUCCESS && op == JITCKPT_DNN_PACK_GET) {
+        int64_t n = 0, returned = 0;
+        rc_get(&c, &n, sizeof n);
+        rc_get(&c, &returned, sizeof returned);
+        if (element_count)
+            *element_count = n;
+        if (out && returned > 0)
+            rc_get(&c, out, array_bytes(type, returned));
+    }
+    remote_end(&c);
+    return ret;
+}
+
+static int pack_attribute_type(uint32_t name, uint32_t *type)
+{
+    switch (name) {
+    case CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS: *type = CUDNN_TYPE_INT64; return 1;
+    case CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS:
+    case CUDNN_ATTR_VARIANT_PACK_INTERMEDIATES:
+    case CUDNN_ATTR_VARIANT_PACK_WORKSPACE: *type = CUDNN_TYPE_VOID_PTR; return 1;
+    default: return 0;
+    }
+}
+
+static const struct pack_set *pack_find(const struct dnn_pack *k, uint32_t name)
+{
+    for (size_t i = k->n; i-- > 0;)
+        if (k->sets[i].name == name)
+            return &k->sets[i];
+    return NULL;
+}
+
+static cudnnStatus_t pack_set(struct dnn_pack *k, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+                              int64_t count, const void *array)
+{
+    uint32_t want;
+    size_t len = array_bytes(type, count);
+    if (k->finalized || !pack_attribute_type(name, &want) || want != type || count < 0 || (count > 0 && !array) ||
+        count > JITCKPT_DNN_PACK_MAX || (name == CUDNN_ATTR_VARIANT_PACK_WORKSPACE && count != 1))
+        return pack_ask(k, JITCKPT_DNN_PACK_SET, name, type, count, array, NULL, NULL);
+    unsigned char *copy = len ? malloc(len) : NULL;
+    if ((len && copy == NULL) || grow((void **)&k->sets, &k->cap, k->n, sizeof *k->sets)) {
+        free(copy);
+        return CUDNN_STATUS_ALLOC_FAILED;
+    }
+    if (len)
+        memcpy(copy, array, len);
+    k->sets[k->n++] = (struct pack_set){name, type, count, len, copy, array != NULL};
     return CUDNN_STATUS_SUCCESS;
+}
+
+/* The documented finalize checks: the ids, the pointers (as many) and the workspace set, no id twice. */
+static int pack_complete(const struct dnn_pack *k)
+{
+    const struct pack_set *ids = pack_find(k, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS),
+                          *ptrs = pack_find(k, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS),
+                          *ws = pack_find(k, CUDNN_ATTR_VARIANT_PACK_WORKSPACE);
+    if (!ids || !ptrs || !ws || ids->count != ptrs->count)
+        return 0;
+    const int64_t *u = (const int64_t *)ids->bytes;
+    for (int64_t i = 0; i < ids->count; i++)
+        for (int64_t j = 0; j < i; j++)
+            if (u[i] == u[j])
+                return 0;
+    return 1;
 }
 
 /* ---- backend descriptors: the history ----------------------------------------------------- */
@@ -391,11 +548,14 @@ static int remember(int op, uint64_t vid, uint32_t name, uint32_t type, int64_t 
     return 0;
 }
 
-/* 1 if a record about another descriptor names vid (as an attribute's value, or as a descriptor filled). */
+/* 1 if a record about another descriptor names vid (as an attribute's value, or as a descriptor filled),
+ * or vid filled descriptors (engine heuristics: a new proxy fills the engine configurations through it). */
 static int referenced(uint64_t vid)
 {
     for (size_t i = 0; i < n_hist; i++) {
         const struct hrec *r = &hist[i];
+        if (r->vid == vid && r->op == H_FILL)
+            return 1;
         if (r->vid == vid || !((r->op == H_SET && (r->type == CUDNN_TYPE_BACKEND_DESCRIPTOR)) || r->op == H_FILL))
             continue;
         for (size_t j = 0; j + 8 <= r->len; j += 8) {
@@ -424,48 +584,21 @@ static void forget(uint64_t vid)
 }
 
 /* The requests, built the same way for the program's call and for a restart's replay. */
-static void put_create(struct rcall *c, uint32_t type)
+static void put_create(struct rcall *c, uint32_t type, int has_out)
 {
     rc_put(c, &type, sizeof type);
+    rc_put_flag(c, has_out);
 }
 
 static void put_set(struct rcall *c, uint64_t vid, uint32_t name, uint32_t type, int64_t count, const void *bytes,
-                    size_t len)
-{
-    rc_put(c, &vid, sizeof vid);
-    rc_put(c, &name, sizeof name);
-    rc_put(c, &type, sizeof type);
-    rc_put(c, &count, sizeof count);
-    rc_put(c, bytes, len);
-}
-
+                    size_t len);
 static void put_fill(struct rcall *c, uint64_t vid, uint32_t name, int64_t requested, const void *targets,
-                     int want_count)
-{
-    uint32_t type = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-    rc_put(c, &vid, sizeof vid);
-    rc_put(c, &name, sizeof name);
-    rc_put(c, &type, sizeof type);
-    rc_put(c, &requested, sizeof requested);
-    rc_put_flag(c, want_count);
-    rc_put_flag(c, targets != NULL);
-    if (targets)
-        rc_put(c, targets, (size_t)requested * 8);
-}
-
-static size_t type_bytes(cudnnBackendAttributeType_t type)
-{
-    return (unsigned)type < jitckpt_dnn_type_count ? jitckpt_dnn_type_bytes[type] : 0;
-}
-
-#define MAX_ATTR_BYTES (16u * 1024u)
+                     int want_count);
 
 EXPORT cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t descriptorType,
                                                   cudnnBackendDescriptor_t *descriptor)
 {
-    if (descriptor == NULL)
-        return CUDNN_STATUS_BAD_PARAM;
-    if (descriptorType == CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR) {
+    if (descriptorType == CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR && descriptor != NULL) {
         struct dnn_pack *k = calloc(1, sizeof *k);
         if (k == NULL)
             return CUDNN_STATUS_ALLOC_FAILED;
@@ -476,9 +609,9 @@ EXPORT cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t d
     struct rcall c;
     if (remote_begin(&c, RFN_cudnnBackendCreateDescriptor) != 0)
         return CUDNN_STATUS_NOT_INITIALIZED;
-    put_create(&c, (uint32_t)descriptorType);
+    put_create(&c, (uint32_t)descriptorType, descriptor != NULL);
     cudnnStatus_t ret = (cudnnStatus_t)remote_call(&c);
-    if (ret == CUDNN_STATUS_SUCCESS) {
+    if (ret == CUDNN_STATUS_SUCCESS && descriptor != NULL) {
         void *vid = NULL;
         rc_get_handle(&c, &vid);
         *descriptor = (cudnnBackendDescriptor_t)vid;
@@ -493,19 +626,16 @@ EXPORT cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t desc
 {
     struct dnn_pack *k = pack_of(descriptor);
     if (k) {
-        k->magic = 0;
-        free(k);
+        pack_free(k);
         return CUDNN_STATUS_SUCCESS;
     }
-    if (descriptor == NULL)
-        return CUDNN_STATUS_BAD_PARAM;
     uint64_t vid = (uint64_t)(uintptr_t)descriptor;
     struct rcall c;
     if (remote_begin(&c, RFN_cudnnBackendDestroyDescriptor) != 0)
         return CUDNN_STATUS_NOT_INITIALIZED;
     rc_put(&c, &vid, sizeof vid);
     cudnnStatus_t ret = (cudnnStatus_t)remote_call(&c);
-    if (ret == CUDNN_STATUS_SUCCESS && remember(H_DESTROY, vid, 0, 0, 0, NULL, 0) == 0)
+    if (ret == CUDNN_STATUS_SUCCESS && vid != 0 && remember(H_DESTROY, vid, 0, 0, 0, NULL, 0) == 0)
         forget(vid);
     remote_end(&c);
     return ret;
@@ -517,6 +647,49 @@ EXPORT cudnnStatus_t cudnnBackendInitialize(cudnnBackendDescriptor_t descriptor)
     return CUDNN_STATUS_NOT_SUPPORTED;            /* deprecated in cuDNN 9; PyTorch never calls it */
 }
 
+/* Set and get carry (vid, u32 name, u32 type, i64 count, u32 has_array, u32 want_count) and, for a set,
+ * the array; the library judges every argument (a NULL array, a negative count, an unknown descriptor,
+ * which the proxy passes as NULL).  Only what cannot cross is refused here. */
+static void put_attribute_call(struct rcall *c, uint64_t vid, uint32_t name, uint32_t type, int64_t count,
+                               const void *array, int want_count)
+{
+    uint32_t has = array != NULL, want = (uint32_t)want_count;
+    rc_put(c, &vid, sizeof vid);
+    rc_put(c, &name, sizeof name);
+    rc_put(c, &type, sizeof type);
+    rc_put(c, &count, sizeof count);
+    rc_put(c, &has, sizeof has);
+    rc_put(c, &want, sizeof want);
+}
+
+static void put_set(struct rcall *c, uint64_t vid, uint32_t name, uint32_t type, int64_t count, const void *bytes,
+                    size_t len)
+{
+    put_attribute_call(c, vid, name, type, count, bytes, 0);
+    rc_put(c, bytes, len);
+}
+
+static void put_fill(struct rcall *c, uint64_t vid, uint32_t name, int64_t requested, const void *targets,
+                     int want_count)
+{
+    put_attribute_call(c, vid, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, requested, targets, want_count);
+    if (targets && requested > 0)
+        rc_put(c, targets, (size_t)requested * 8);
+}
+
+static int too_large(const char *function, cudnnBackendAttributeType_t type, int64_t count)
+{
+    if (type_bytes(type) == 0 && count > 0) {
+        remote_refuse_call(function, "an attribute type this build does not know the size of");
+        return 1;
+    }
+    if (array_bytes(type, count) > MAX_ATTR_BYTES) {
+        remote_refuse_call(function, "more than 16 KiB of attribute values");
+        return 1;
+    }
+    return 0;
+}
+
 EXPORT cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descriptor,
                                               cudnnBackendAttributeName_t attributeName,
                                               cudnnBackendAttributeType_t attributeType, int64_t elementCount,
@@ -525,19 +698,15 @@ EXPORT cudnnStatus_t cudnnBackendSetAttribute(cudnnBackendDescriptor_t descripto
     struct dnn_pack *k = pack_of(descriptor);
     if (k)
         return pack_set(k, attributeName, attributeType, elementCount, arrayOfElements);
-    size_t size = type_bytes(attributeType);
-    if (descriptor == NULL || size == 0 || elementCount < 0 || (elementCount > 0 && arrayOfElements == NULL))
-        return CUDNN_STATUS_BAD_PARAM;
-    if ((uint64_t)elementCount * size > MAX_ATTR_BYTES) {
-        remote_refuse_call("cudnnBackendSetAttribute", "more than 16 KiB of attribute values");
+    if (too_large("cudnnBackendSetAttribute", attributeType, elementCount))
         return CUDNN_STATUS_NOT_SUPPORTED;
-    }
-    size_t len = (size_t)elementCount * size;
+    size_t len = arrayOfElements ? array_bytes(attributeType, elementCount) : 0;
     uint64_t vid = (uint64_t)(uintptr_t)descriptor;
     struct rcall c;
     if (remote_begin(&c, RFN_cudnnBackendSetAttribute) != 0)
         return CUDNN_STATUS_NOT_INITIALIZED;
-    put_set(&c, vid, attributeName, attributeType, elementCount, arrayOfElements, len);
+    put_attribute_call(&c, vid, attributeName, attributeType, elementCount, arrayOfElements, 0);
+    rc_put(&c, arrayOfElements, len);
     cudnnStatus_t ret = (cudnnStatus_t)remote_call(&c);
     if (ret == CUDNN_STATUS_SUCCESS &&
         remember(H_SET, vid, attributeName, attributeType, elementCount, arrayOfElements, len))
@@ -553,30 +722,21 @@ EXPORT cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const des
 {
     struct dnn_pack *k = pack_of(descriptor);
     if (k)
-        return pack_get(k, attributeName, attributeType, requestedElementCount, elementCount, arrayOfElements);
-    size_t size = type_bytes(attributeType);
-    if (descriptor == NULL || size == 0 || requestedElementCount < 0)
-        return CUDNN_STATUS_BAD_PARAM;
-    if ((uint64_t)requestedElementCount * size > MAX_ATTR_BYTES) {
-        remote_refuse_call("cudnnBackendGetAttribute", "more than 16 KiB of attribute values");
+        return pack_ask(k, JITCKPT_DNN_PACK_GET, attributeName, attributeType, requestedElementCount, NULL, elementCount,
+                        arrayOfElements);
+    if (too_large("cudnnBackendGetAttribute", attributeType, requestedElementCount))
         return CUDNN_STATUS_NOT_SUPPORTED;
-    }
     uint64_t vid = (uint64_t)(uintptr_t)descriptor;
+    /* descriptors filled in the proxy (the engine heuristics' results): the ids go, nothing comes back */
     int fill = attributeType == CUDNN_TYPE_BACKEND_DESCRIPTOR && arrayOfElements != NULL;
     struct rcall c;
     if (remote_begin(&c, RFN_cudnnBackendGetAttribute) != 0)
         return CUDNN_STATUS_NOT_INITIALIZED;
-    if (fill) {
+    if (fill)
         put_fill(&c, vid, attributeName, requestedElementCount, arrayOfElements, elementCount != NULL);
-    } else {
-        uint32_t name = attributeName, type = attributeType;
-        rc_put(&c, &vid, sizeof vid);
-        rc_put(&c, &name, sizeof name);
-        rc_put(&c, &type, sizeof type);
-        rc_put(&c, &requestedElementCount, sizeof requestedElementCount);
-        rc_put_flag(&c, elementCount != NULL);
-        rc_put_flag(&c, 0);
-    }
+    else
+        put_attribute_call(&c, vid, attributeName, attributeType, requestedElementCount, arrayOfElements,
+                           elementCount != NULL);
     cudnnStatus_t ret = (cudnnStatus_t)remote_call(&c);
     if (ret == CUDNN_STATUS_SUCCESS) {
         int64_t n = 0, returned = 0;
@@ -585,7 +745,7 @@ EXPORT cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const des
         if (elementCount)
             *elementCount = n;
         if (!fill && arrayOfElements && returned > 0)
-            rc_get(&c, arrayOfElements, (size_t)returned * size);
+            rc_get(&c, arrayOfElements, array_bytes(attributeType, returned));
         if (fill && remember(H_FILL, vid, attributeName, attributeType, requestedElementCount, arrayOfElements,
                              (size_t)requestedElementCount * 8))
             rlog("cuDNN: out of memory keeping a descriptor's history: a proxy restart could not re-create it");
@@ -598,15 +758,12 @@ EXPORT cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor)
 {
     struct dnn_pack *k = pack_of(descriptor);
     if (k) {
-        if (k->finalized)
-            return CUDNN_STATUS_BAD_PARAM;
-        if (k->n_uids != k->n_ptrs)
-            return CUDNN_STATUS_BAD_PARAM;
-        k->finalized = 1;
-        return CUDNN_STATUS_SUCCESS;
+        cudnnStatus_t st = !k->finalized && pack_complete(k) ? CUDNN_STATUS_SUCCESS
+                                                             : pack_ask(k, JITCKPT_DNN_PACK_FINALIZE, 0, 0, 0, NULL, NULL, NULL);
+        if (st == CUDNN_STATUS_SUCCESS)
+            k->finalized = 1;
+        return st;
     }
-    if (descriptor == NULL)
-        return CUDNN_STATUS_BAD_PARAM;
     uint64_t vid = (uint64_t)(uintptr_t)descriptor;
     struct rcall c;
     if (remote_begin(&c, RFN_cudnnBackendFinalize) != 0)
@@ -619,23 +776,17 @@ EXPORT cudnnStatus_t cudnnBackendFinalize(cudnnBackendDescriptor_t descriptor)
     return ret;
 }
 
+/* One self-contained request: the handle, the plan and the pack (each as put_desc_arg says), so that the
+ * call log replays it as it is. */
 EXPORT cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescriptor_t executionPlan,
                                          cudnnBackendDescriptor_t variantPack)
 {
-    struct dnn_pack *k = pack_of(variantPack);
-    if (k == NULL || !k->finalized || executionPlan == NULL || pack_of(executionPlan))
-        return CUDNN_STATUS_BAD_PARAM;
-    uint64_t plan = (uint64_t)(uintptr_t)executionPlan;
-    struct jitckpt_dnn_pack head = {(uint64_t)(uintptr_t)k->workspace, k->n_uids, k->n_inter};
     struct rcall c;
     if (remote_begin(&c, RFN_cudnnBackendExecute) != 0)
         return CUDNN_STATUS_NOT_INITIALIZED;
     rc_put_handle(&c, handle);
-    rc_put(&c, &plan, sizeof plan);
-    rc_put(&c, &head, sizeof head);
-    rc_put(&c, k->uids, (size_t)k->n_uids * 8);
-    rc_put(&c, k->ptrs, (size_t)k->n_uids * sizeof(void *));
-    rc_put(&c, k->inter, (size_t)k->n_inter * 8);
+    put_desc_arg(&c, executionPlan);
+    put_desc_arg(&c, variantPack);
     cudnnStatus_t ret = (cudnnStatus_t)remote_call(&c);
     remote_end(&c);
     return ret;
@@ -684,7 +835,7 @@ int32_t remote_dnn_recreate(struct rcall *c, int32_t (*set_device)(struct rcall 
             if ((err = expect(c, VH_DNN_DESC, r->vid)))
                 return err;
             remote_begin_locked(c, RFN_cudnnBackendCreateDescriptor);
-            put_create(c, r->name);
+            put_create(c, r->name, 1);
             if ((err = remote_call(c)))
                 return err;
             void *again = NULL;

@@ -49,6 +49,7 @@
 #include <unistd.h>
 
 #include "jitckpt_remote_restart.h"
+#include "jitckpt_sticky.h"
 
 #define EXIT_NO_RECOVERY 75
 #define MAX_WORLD 1024
@@ -132,10 +133,7 @@ int remote_recoverable_error(unsigned fn, int32_t ret)
     if (nccl)
         return ret == ncclUnhandledCudaError || ret == ncclSystemError || ret == ncclRemoteError ||
                ret == ncclInternalError;
-    return ret == cudaErrorIllegalAddress || ret == cudaErrorLaunchFailure || ret == cudaErrorDevicesUnavailable ||
-           ret == cudaErrorECCUncorrectable || ret == cudaErrorHardwareStackError ||
-           ret == cudaErrorIllegalInstruction || ret == cudaErrorMisalignedAddress ||
-           ret == cudaErrorInvalidAddressSpace || ret == cudaErrorInvalidPc || ret == cudaErrorLaunchTimeout;
+    return jitckpt_sticky_cuda_error(ret);
 }
 
 int remote_recovery_check(void)

@@ -222,6 +222,7 @@ void remote_dnn_put_tensor(struct rcall *c, cudnnTensorDescriptor_t desc);
 size_t remote_dnn_scalar_bytes(cudnnTensorDescriptor_t desc, const void *scalar);
 int32_t remote_dnn_recreate(struct rcall *c, int32_t (*set_device)(struct rcall *c, int device));
 void remote_dnn_minibatch_begins(void);
+void remote_dnn_running_stats(const void *mean, const void *variance, double factor);
 #endif
 void *remote_local_fn(void **cache, const char *name, int lib);
 

@@ -564,16 +564,19 @@ CUBLASLT_HAND = ("cublasLtCreate", "cublasLtDestroy", "cublasLtGetStatusName", "
 # An activation descriptor (BatchNorm's fused activation) must be NULL, as PyTorch passes it (kind
 # "null_only"): a call with one is refused by name.  Every other function of the headers is refused by name.
 _DNN = {"handle": "dnn"}
-_TENSOR = "dnn_tensor"
+# BatchNorm's running statistics are updated in place during the forward pass: a replay of the minibatch would
+# apply the update twice (interpose/remote/dnn.c turns transparent recovery off, saying so).
+_RUNNING_STATS = ("if (jr_ret == 0) remote_dnn_running_stats(resultRunningMean, resultRunningVariance, "
+                  "exponentialAverageFactor)")
 
 
-def _bn(scalars: tuple[str, ...] = (), of: str = "xDesc", mode: str = "async") -> Fact:
+def _bn(scalars: tuple[str, ...] = (), of: str = "xDesc", mode: str = "async", after: str = "") -> Fact:
     """A BatchNorm call of the legacy API.  The host scalars are as large as the tensors' compute type (double
     for double tensors, else float).  The rest comes from the prototype (gen_interpose.describe_cudnn): each
     cudnnTensorDescriptor_t is carried by value, a cudnnActivationDescriptor_t must be NULL, every other
     pointer to void is device memory and a size_t * is an output; a call with an activation
     descriptor is refused."""
-    return Fact(remote="gen", handles=_DNN, mode=mode, host_in={s: f"remote_dnn_scalar_bytes({of}, {s})" for s in scalars})
+    return Fact(remote="gen", handles=_DNN, mode=mode, after=after, host_in={s: f"remote_dnn_scalar_bytes({of}, {s})" for s in scalars})
 
 
 CUDNN: dict[str, Fact] = {
@@ -584,8 +587,8 @@ CUDNN: dict[str, Fact] = {
                            after="if (jr_ret == 0) remote_dnn_set_stream(handle, streamId)"),
     "cudnnGetStream": Fact(remote="gen", handles=_DNN, outputs=("streamId",), mode="sync",
                            answer_locally="remote_dnn_get_stream(handle, streamId)"),
-    "cudnnBatchNormalizationForwardTraining": _bn(("alpha", "beta")),
-    "cudnnBatchNormalizationForwardTrainingEx": _bn(("alpha", "beta")),
+    "cudnnBatchNormalizationForwardTraining": _bn(("alpha", "beta"), after=_RUNNING_STATS),
+    "cudnnBatchNormalizationForwardTrainingEx": _bn(("alpha", "beta"), after=_RUNNING_STATS),
     "cudnnBatchNormalizationForwardInference": _bn(("alpha", "beta")),
     "cudnnBatchNormalizationBackward": _bn(("alphaDataDiff", "betaDataDiff", "alphaParamDiff", "betaParamDiff")),
     "cudnnBatchNormalizationBackwardEx": _bn(("alphaDataDiff", "betaDataDiff", "alphaParamDiff", "betaParamDiff")),
@@ -600,5 +603,7 @@ DNN_BACKEND = ("cudnnBackendCreateDescriptor", "cudnnBackendDestroyDescriptor", 
 DNN_TENSOR = ("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor", "cudnnSetTensorNdDescriptor",
               "cudnnSetTensor4dDescriptor", "cudnnSetTensor4dDescriptorEx", "cudnnGetTensorNdDescriptor",
               "cudnnGetTensor4dDescriptor", "cudnnSetTensorNdDescriptorEx", "cudnnDeriveBNTensorDescriptor")
-DNN_HAND = (*DNN_BACKEND, *DNN_TENSOR)
-ANSWERED_IN_WORKER = (*ANSWERED_IN_WORKER, *DNN_TENSOR, "cudnnBackendInitialize")
+# cudnnGetProperty: the worker's own libcudnn answers (a pure query with an output pointer, which the generator
+# would refuse); cudnnGetLastErrorString: the proxy's cuDNN, which made the calls, answers.
+DNN_HAND = (*DNN_BACKEND, *DNN_TENSOR, "cudnnGetProperty", "cudnnGetLastErrorString")
+ANSWERED_IN_WORKER = (*ANSWERED_IN_WORKER, *DNN_TENSOR, "cudnnBackendInitialize", "cudnnGetProperty")

@@ -88,25 +88,33 @@ void rd_dnn_tensors_release(void)
 
 /* ---- backend descriptors ------------------------------------------------------------------- */
 
-static int desc_of(uint64_t vid, void **real)
+/* A virtual id's descriptor; NULL for 0 and for an id this proxy does not know (never made, or destroyed),
+ * which cuDNN then judges as the NULL it is. */
+static void *desc_of(uint64_t vid)
 {
-    return vid == 0 || vh_lookup(VH_DNN_DESC, vid, real) != 0 ? -1 : 0;
+    void *real = NULL;
+    if (vid != 0 && vh_lookup(VH_DNN_DESC, vid, &real) != 0)
+        real = NULL;
+    return real;
 }
 
-/* Virtual ids -> real pointers, in place, for the types that carry them.  0, or a status. */
-static int32_t map_ids(uint32_t type, unsigned char *bytes, int64_t count)
+/* Virtual ids -> real pointers, in place, for the types that carry them (unknown ones: NULL). */
+static void map_ids(uint32_t type, unsigned char *bytes, int64_t count)
 {
     if (type != CUDNN_TYPE_BACKEND_DESCRIPTOR && type != CUDNN_TYPE_HANDLE)
-        return 0;
+        return;
     for (int64_t i = 0; i < count; i++) {
         uint64_t vid;
         void *real = NULL;
         memcpy(&vid, bytes + i * 8, 8);
-        if (type == CUDNN_TYPE_HANDLE ? vh_lookup(VH_DNN, vid, &real) != 0 || real == NULL : desc_of(vid, &real))
-            return CUDNN_STATUS_BAD_PARAM;
+        if (type == CUDNN_TYPE_HANDLE) {
+            if (vh_lookup(VH_DNN, vid, &real) != 0)
+                real = NULL;
+        } else {
+            real = desc_of(vid);
+        }
         memcpy(bytes + i * 8, &real, 8);
     }
-    return 0;
 }
 
 static size_t type_bytes(uint32_t type)
@@ -116,14 +124,36 @@ static size_t type_bytes(uint32_t type)
 
 #define MAX_ATTR_BYTES (16u * 1024u)
 
+/* (vid, name, type, count, has_array, want_count) as interpose/remote/dnn.c puts them, and for a set (or a
+ * fill) the array, its ids mapped.  0, or RD_BAD. */
+struct attr_call { uint64_t vid; uint32_t name, type, has_array, want_count; int64_t count; };
+
+static int get_attr_call(struct rdisp *d, struct attr_call *a, unsigned char *bytes, int with_array)
+{
+    if (rd_get(d, &a->vid, sizeof a->vid) || rd_get(d, &a->name, sizeof a->name) ||
+        rd_get(d, &a->type, sizeof a->type) || rd_get(d, &a->count, sizeof a->count) ||
+        rd_get(d, &a->has_array, sizeof a->has_array) || rd_get(d, &a->want_count, sizeof a->want_count))
+        return -1;
+    size_t len = a->count > 0 ? (size_t)a->count * type_bytes(a->type) : 0;
+    if (len > MAX_ATTR_BYTES)
+        return -1;
+    if (with_array && a->has_array) {
+        if (rd_get(d, bytes, len))
+            return -1;
+        map_ids(a->type, bytes, a->count);
+    }
+    return 0;
+}
+
 static int32_t create(struct rdisp *d)
 {
     uint32_t type;
     cudnnBackendDescriptor_t desc = NULL;
     if (rd_get(d, &type, sizeof type))
         return RD_BAD;
-    cudnnStatus_t st = r_create((cudnnBackendDescriptorType_t)type, &desc);
-    if (st == CUDNN_STATUS_SUCCESS)
+    int out = rd_flag(d);
+    cudnnStatus_t st = r_create((cudnnBackendDescriptorType_t)type, out ? &desc : NULL);
+    if (st == CUDNN_STATUS_SUCCESS && out)
         rd_put_new_handle(d, VH_DNN_DESC, desc);
     return st;
 }
@@ -131,128 +161,166 @@ static int32_t create(struct rdisp *d)
 static int32_t destroy(struct rdisp *d)
 {
     uint64_t vid;
-    void *real;
     if (rd_get(d, &vid, sizeof vid))
         return RD_BAD;
-    if (desc_of(vid, &real))
-        return CUDNN_STATUS_BAD_PARAM;
-    cudnnStatus_t st = r_destroy(real);
-    if (st == CUDNN_STATUS_SUCCESS)
+    cudnnStatus_t st = r_destroy(desc_of(vid));
+    if (st == CUDNN_STATUS_SUCCESS && vid != 0)
         vh_forget(VH_DNN_DESC, vid);
     return st;
 }
 
 static int32_t set_attribute(struct rdisp *d)
 {
-    uint64_t vid;
-    uint32_t name, type;
-    int64_t count;
-    void *real;
     static unsigned char bytes[MAX_ATTR_BYTES];
-    if (rd_get(d, &vid, sizeof vid) || rd_get(d, &name, sizeof name) || rd_get(d, &type, sizeof type) ||
-        rd_get(d, &count, sizeof count))
+    struct attr_call a;
+    if (get_attr_call(d, &a, bytes, 1))
         return RD_BAD;
-    size_t size = type_bytes(type);
-    if (size == 0 || count < 0 || (uint64_t)count * size > MAX_ATTR_BYTES || rd_get(d, bytes, (size_t)count * size))
-        return CUDNN_STATUS_BAD_PARAM;
-    if (desc_of(vid, &real))
-        return CUDNN_STATUS_BAD_PARAM;
-    int32_t st = map_ids(type, bytes, count);
-    if (st)
-        return st;
-    return r_set(real, (cudnnBackendAttributeName_t)name, (cudnnBackendAttributeType_t)type, count,
-                 count ? bytes : NULL);
+    return r_set(desc_of(a.vid), (cudnnBackendAttributeName_t)a.name, (cudnnBackendAttributeType_t)a.type, a.count,
+                 a.has_array ? bytes : NULL);
 }
 
-/* Answers (i64 count, i64 elements returned, the elements unless descriptors were filled). */
-static int32_t get_attribute(struct rdisp *d)
+/* A get on `desc`; answers (i64 count, i64 elements returned, the elements unless descriptors were filled). */
+static int32_t get_on(struct rdisp *d, void *desc, const struct attr_call *a, unsigned char *bytes, int fill)
 {
-    uint64_t vid;
-    uint32_t name, type;
-    int64_t requested, count = 0, returned = 0;
-    void *real;
-    static unsigned char bytes[MAX_ATTR_BYTES];
-    if (rd_get(d, &vid, sizeof vid) || rd_get(d, &name, sizeof name) || rd_get(d, &type, sizeof type) ||
-        rd_get(d, &requested, sizeof requested))
-        return RD_BAD;
-    int want_count = rd_flag(d), fill = rd_flag(d);
-    size_t size = type_bytes(type);
-    if (size == 0 || requested < 0 || (uint64_t)requested * size > MAX_ATTR_BYTES)
-        return CUDNN_STATUS_BAD_PARAM;
-    if (fill) {
-        if (type != CUDNN_TYPE_BACKEND_DESCRIPTOR || rd_get(d, bytes, (size_t)requested * 8))
-            return RD_BAD;
-        int32_t st = map_ids(type, bytes, requested);
-        if (st)
-            return st;
-    } else if (type == CUDNN_TYPE_HANDLE || type == CUDNN_TYPE_BACKEND_DESCRIPTOR) {
-        if (requested > 0) {
-            plog("cudnnBackendGetAttribute: reading a handle or a descriptor back into an array the proxy "
-                 "does not fill is not supported in transparent mode (attribute %u)", name);
-            return CUDNN_STATUS_NOT_SUPPORTED;
-        }
+    int64_t count = 0, returned = 0;
+    size_t size = type_bytes(a->type);
+    if (!fill && a->has_array && (a->type == CUDNN_TYPE_HANDLE || a->type == CUDNN_TYPE_BACKEND_DESCRIPTOR)) {
+        plog("cudnnBackendGetAttribute: reading a handle back is not supported in transparent mode (attribute %u)",
+             a->name);
+        return CUDNN_STATUS_NOT_SUPPORTED;
     }
-    if (desc_of(vid, &real))
-        return CUDNN_STATUS_BAD_PARAM;
-    cudnnStatus_t st = r_get(real, (cudnnBackendAttributeName_t)name, (cudnnBackendAttributeType_t)type, requested,
-                             want_count ? &count : NULL, requested > 0 ? bytes : NULL);
+    /* (the count is asked whenever there is an array, to know how much was written) */
+    cudnnStatus_t st = r_get(desc, (cudnnBackendAttributeName_t)a->name, (cudnnBackendAttributeType_t)a->type,
+                             a->count, a->want_count || a->has_array ? &count : NULL, a->has_array ? bytes : NULL);
     if (st == CUDNN_STATUS_SUCCESS) {
-        returned = count < requested ? count : requested;
+        returned = count < a->count ? count : a->count;
         if (returned < 0)
             returned = 0;
         rd_put(d, &count, sizeof count);
         rd_put(d, &returned, sizeof returned);
-        if (!fill && returned > 0)
+        if (!fill && a->has_array && returned > 0)
             rd_put(d, bytes, (size_t)returned * size);
     }
     return st;
 }
 
+static int32_t get_attribute(struct rdisp *d)
+{
+    static unsigned char bytes[MAX_ATTR_BYTES];
+    struct attr_call a;
+    if (get_attr_call(d, &a, bytes, 0))
+        return RD_BAD;
+    int fill = a.type == CUDNN_TYPE_BACKEND_DESCRIPTOR && a.has_array;
+    if (fill) {          /* the descriptors to fill, as virtual ids */
+        if (a.count < 0 || rd_get(d, bytes, (size_t)a.count * 8))
+            return RD_BAD;
+        map_ids(a.type, bytes, a.count);
+    }
+    return get_on(d, desc_of(a.vid), &a, bytes, fill);
+}
+
 static int32_t finalize(struct rdisp *d)
 {
     uint64_t vid;
-    void *real;
     if (rd_get(d, &vid, sizeof vid))
         return RD_BAD;
-    if (desc_of(vid, &real))
-        return CUDNN_STATUS_BAD_PARAM;
-    return r_finalize(real);
+    return r_finalize(desc_of(vid));
+}
+
+/* ---- variant packs, made from what the worker kept --------------------------------------------- */
+
+/* A descriptor argument (interpose/remote/dnn.c: put_desc_arg): NULL, a virtual id's descriptor, or a
+ * variant pack made here from its sets (finalized if the worker's was), which *made is set to, for
+ * unmake.  0, or RD_BAD. */
+static int get_desc_arg(struct rdisp *d, void **desc, cudnnBackendDescriptor_t *made)
+{
+    uint32_t kind;
+    *desc = *made = NULL;
+    if (rd_get(d, &kind, sizeof kind))
+        return -1;
+    if (kind == 0)
+        return 0;
+    if (kind == 1) {
+        uint64_t vid;
+        if (rd_get(d, &vid, sizeof vid))
+            return -1;
+        *desc = desc_of(vid);
+        return 0;
+    }
+    uint32_t n, finalized;
+    if (kind != 2 || rd_get(d, &n, sizeof n) || rd_get(d, &finalized, sizeof finalized))
+        return -1;
+    cudnnStatus_t st = r_create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, made);
+    if (st != CUDNN_STATUS_SUCCESS)
+        *made = NULL;
+    static unsigned char bytes[MAX_ATTR_BYTES];
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t name, type, has;
+        int64_t count;
+        if (rd_get(d, &name, sizeof name) || rd_get(d, &type, sizeof type) || rd_get(d, &count, sizeof count) ||
+            rd_get(d, &has, sizeof has))
+            return -1;
+        size_t len = has && count > 0 ? (size_t)count * type_bytes(type) : 0;
+        if (len > MAX_ATTR_BYTES || rd_get(d, bytes, len))
+            return -1;
+        if (*made)       /* (the worker kept only sets that succeed: they do here too) */
+            r_set(*made, (cudnnBackendAttributeName_t)name, (cudnnBackendAttributeType_t)type, count,
+                  has ? bytes : NULL);
+    }
+    if (*made && finalized)
+        r_finalize(*made);
+    *desc = *made;
+    return 0;
+}
+
+static void unmake(cudnnBackendDescriptor_t made)
+{
+    if (made)
+        r_destroy(made);
+}
+
+/* A variant pack's question (interpose/remote/dnn.c: pack_ask): the pack, then a set, a get or a finalize
+ * on it, answered as the program's call would be. */
+static int32_t pack_ask(struct rdisp *d)
+{
+    static unsigned char bytes[MAX_ATTR_BYTES];
+    void *pack;
+    cudnnBackendDescriptor_t made;
+    struct attr_call a = {0};
+    uint32_t op;
+    int32_t st = RD_BAD;
+    if (get_desc_arg(d, &pack, &made) == 0 && rd_get(d, &op, sizeof op) == 0 && rd_get(d, &a.name, sizeof a.name) == 0 &&
+        rd_get(d, &a.type, sizeof a.type) == 0 && rd_get(d, &a.count, sizeof a.count) == 0 &&
+        rd_get(d, &a.has_array, sizeof a.has_array) == 0 && rd_get(d, &a.want_count, sizeof a.want_count) == 0) {
+        size_t len = a.has_array && a.count > 0 ? (size_t)a.count * type_bytes(a.type) : 0;
+        if (len > MAX_ATTR_BYTES)
+            st = CUDNN_STATUS_NOT_SUPPORTED;
+        else if (op == JITCKPT_DNN_PACK_SET)
+            st = rd_get(d, bytes, len) ? RD_BAD
+                 : r_set(pack, (cudnnBackendAttributeName_t)a.name, (cudnnBackendAttributeType_t)a.type, a.count,
+                         a.has_array ? bytes : NULL);
+        else if (op == JITCKPT_DNN_PACK_GET)
+            st = get_on(d, pack, &a, bytes, 0);
+        else
+            st = r_finalize(pack);
+    }
+    unmake(made);
+    return st;
 }
 
 static int32_t execute(struct rdisp *d)
 {
-    uint64_t handle_vid, plan_vid;
-    void *handle, *plan;
-    struct jitckpt_dnn_pack head;
-    int64_t uids[JITCKPT_DNN_PACK_MAX], inter[JITCKPT_DNN_PACK_MAX];
-    void *ptrs[JITCKPT_DNN_PACK_MAX];
+    uint64_t handle_vid;
+    void *handle, *plan, *pack;
+    cudnnBackendDescriptor_t made_plan, made_pack;
     /* the handle first: watch.c holds the record back here while its stream waits for a collective */
     if (rd_get_handle(d, VH_DNN, &handle_vid, &handle) != 0)
         return CUDNN_STATUS_BAD_PARAM;        /* (or dropped: an abort came while it was held back) */
-    if (rd_get(d, &plan_vid, sizeof plan_vid) || rd_get(d, &head, sizeof head) || head.n < 0 ||
-        head.n > JITCKPT_DNN_PACK_MAX || head.n_inter < 0 || head.n_inter > JITCKPT_DNN_PACK_MAX ||
-        rd_get(d, uids, (size_t)head.n * 8) || rd_get(d, ptrs, (size_t)head.n * sizeof(void *)) ||
-        rd_get(d, inter, (size_t)head.n_inter * 8))
-        return RD_BAD;
-    if (desc_of(plan_vid, &plan))
-        return CUDNN_STATUS_BAD_PARAM;
-    cudnnBackendDescriptor_t pack = NULL;
-    void *workspace = (void *)(uintptr_t)head.workspace;
-    cudnnStatus_t st = r_create(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = r_set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, head.n, uids);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = r_set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, head.n, ptrs);
-    if (st == CUDNN_STATUS_SUCCESS && workspace)
-        st = r_set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
-    if (st == CUDNN_STATUS_SUCCESS && head.n_inter > 0)
-        st = r_set(pack, CUDNN_ATTR_VARIANT_PACK_INTERMEDIATES, CUDNN_TYPE_INT64, head.n_inter, inter);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = r_finalize(pack);
-    if (st == CUDNN_STATUS_SUCCESS)
+    int32_t st = RD_BAD;
+    if (get_desc_arg(d, &plan, &made_plan) == 0 && get_desc_arg(d, &pack, &made_pack) == 0)
         st = r_execute((cudnnHandle_t)handle, plan, pack);
-    if (pack)
-        r_destroy(pack);
+    unmake(made_plan);
+    unmake(made_pack);
     return st;
 }
 
@@ -268,6 +336,17 @@ int32_t dispatch_dnn(unsigned fn, struct rdisp *d)
     case RFN_cudnnBackendGetAttribute: return get_attribute(d);
     case RFN_cudnnBackendFinalize: return finalize(d);
     case RFN_cudnnBackendExecute: return execute(d);
+    case RFN_cudnnBackendInitialize: return pack_ask(d);   /* (the worker's variant-pack questions travel under it) */
+    case RFN_cudnnGetLastErrorString: {
+        static __typeof__(cudnnGetLastErrorString) *last;
+        char text[1024] = "";
+        if (last == NULL)
+            last = (__typeof__(cudnnGetLastErrorString) *)proxy_sym(cudnn, "cudnnGetLastErrorString");
+        if (last)
+            last(text, sizeof text);
+        rd_put_string(d, text);
+        return 0;
+    }
     default: return CUDNN_STATUS_NOT_SUPPORTED;      /* the worker keeps the rest itself */
     }
 }

@@ -25,6 +25,7 @@
  * CHECK_ALIVE_MS the sleeping proxy checks the socket for its worker. */
 
 #include "dispatch.h"
+#include "jitckpt_sticky.h"
 
 #include <errno.h>
 #include <linux/futex.h>
@@ -141,8 +142,46 @@ int32_t serve_take_pending(void)
  * recovery_on): ncclCommGetAsyncError reporting a peer's failure becomes
  * JITCKPT_RET_RECOVER, which the worker answers by recovering and making the
  * call again.  A successful ncclCommInitRank's communicator is watched. */
+/* A cuBLAS or cuDNN call: the libraries report a lost context with a status of their own
+ * (CUBLAS_STATUS_EXECUTION_FAILED, CUDNN_STATUS_EXECUTION_FAILED, ...). */
+static int library_fn(unsigned fn)
+{
+    const char *n = fn < RFN_count ? dispatch_generated[fn].name : NULL;
+    if (n)
+        return strncmp(n, "cublas", 6) == 0 || strncmp(n, "cudnn", 5) == 0;
+#ifdef JITCKPT_REMOTE_CUBLASLT
+    if (fn == RFN_cublasLtMatmul)
+        return 1;
+#endif
+#ifdef JITCKPT_REMOTE_CUDNN
+    if (fn == RFN_cudnnBackendExecute)
+        return 1;
+#endif
+    return 0;
+}
+
+/* The runtime's sticky error, if the context is lost (0 otherwise). */
+static int32_t sticky_error(void)
+{
+    static __typeof__(cudaPeekAtLastError) *peek;
+    if (peek == NULL)
+        peek = (__typeof__(cudaPeekAtLastError) *)proxy_sym(cudart, "cudaPeekAtLastError");
+    int32_t e = peek ? (int32_t)peek() : 0;
+    return jitckpt_sticky_cuda_error(e) ? e : 0;
+}
+
 static int32_t recover_first(unsigned fn, int32_t ret, struct jitckpt_wire *w)
 {
+    /* a library call that failed because the context is lost: the worker recovers, as from the runtime's own
+     * sticky error (the watcher may not have seen it yet) */
+    if (ret != 0 && library_fn(fn) && __atomic_load_n(&w->recovery_on, __ATOMIC_SEQ_CST)) {
+        int32_t e = sticky_error();
+        if (e != 0) {
+            if (w->device_error == 0)
+                __atomic_store_n(&w->device_error, e, __ATOMIC_SEQ_CST);
+            return JITCKPT_RET_RECOVER;
+        }
+    }
     if (ret == 0 && watch_is_comm_init(fn))
         watch_comm_created(shadow->rep, shadow->rep_len);
     if (ret == 0 && fn == RFN_ncclCommGetAsyncError && __atomic_load_n(&w->recovery_on, __ATOMIC_SEQ_CST) &&

@@ -266,6 +266,7 @@ int32_t dispatch_special(unsigned fn, struct rdisp *d, int *handled)
 #ifdef JITCKPT_REMOTE_CUDNN
     case RFN_cudnnBackendCreateDescriptor: case RFN_cudnnBackendDestroyDescriptor: case RFN_cudnnBackendSetAttribute:
     case RFN_cudnnBackendGetAttribute: case RFN_cudnnBackendFinalize: case RFN_cudnnBackendExecute:
+    case RFN_cudnnBackendInitialize: case RFN_cudnnGetLastErrorString:
         return dispatch_dnn(fn, d);                                               /* dnn.c */
 #endif
     case JITCKPT_RFN_PARAM_SIZES: return param_sizes(d);

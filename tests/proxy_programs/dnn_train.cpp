@@ -4,7 +4,8 @@
 // A BatchNorm followed by a 3x3 convolution, on each rank's own batch of 2-channel 6x6 images:
 //   h   = BN(x; gamma, beta)          cudnnBatchNormalizationForwardTraining (legacy API, tensor
 //                                     descriptors created and destroyed around the call, as PyTorch does;
-//                                     running mean and variance updated)
+//                                     with DNN_TRAIN_RUNNING=1 the running mean and variance updated too)
+//   ncclBroadcast(stats, root 0)      rank 0's running statistics everywhere (DDP broadcasts its buffers)
 //   err = conv(h, W) - y              backend API: a convolution-forward plan (beta = -1 over a copy of y)
 //   dW  = conv_bwd_filter(h, err) / B backend API, with the workspace the plan asks for
 //   dh  = conv_bwd_data(err, W) / B   backend API
@@ -223,6 +224,8 @@ cudnnTensorDescriptor_t tensor4d(int n, int c, int h, int w)
 int main(int argc, char **argv)
 {
     int steps = 13;
+    // DNN_TRAIN_RUNNING=1: BatchNorm keeps running statistics (updated in place in the forward pass)
+    const int running = std::getenv("DNN_TRAIN_RUNNING") ? std::atoi(std::getenv("DNN_TRAIN_RUNNING")) : 0;
     std::string dir;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!std::strcmp(argv[i], "--steps"))
@@ -262,7 +265,8 @@ int main(int argc, char **argv)
     CUDA(cudaEventCreateWithFlags(&grads_ready, cudaEventDisableTiming));
     CUDA(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
 
-    // P = W, gamma, beta (the same on every rank); the running statistics start at 0 and 1
+    // P = W, gamma, beta (the same on every rank); the running statistics start at 0 and 1 (each rank updates
+    // its own from its batch, then takes rank 0's)
     std::vector<float> params(kParams), stats(2 * kC), batch(kX + kY);
     for (int i = 0; i < kFilter; i++)
         params[i] = 0.2f * uniform(1000 + i);
@@ -327,10 +331,16 @@ int main(int argc, char **argv)
         DNN(cudnnCreateTensorDescriptor(&bnd));
         DNN(cudnnDeriveBNTensorDescriptor(bnd, xd, CUDNN_BATCHNORM_SPATIAL));
         DNN(cudnnBatchNormalizationForwardTraining(dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero, xd, d_x, xd, d_h, bnd,
-                                                   d_gamma, d_beta, 0.1, d_stats, d_stats + kC, 1e-5, d_save,
-                                                   d_save + kC));
+                                                   d_gamma, d_beta, running ? 0.1 : 0.0, running ? d_stats : nullptr,
+                                                   running ? d_stats + kC : nullptr, 1e-5, d_save, d_save + kC));
         DNN(cudnnDestroyTensorDescriptor(bnd));
         DNN(cudnnDestroyTensorDescriptor(xd));
+        // every rank takes rank 0's running statistics (DDP broadcasts its buffers): the same on every rank
+        CUDA(cudaEventRecord(grads_ready, compute));
+        CUDA(cudaStreamWaitEvent(nccl_stream, grads_ready, 0));
+        NCCL(ncclBroadcast(d_stats, d_stats, 2 * kC, ncclFloat32, 0, comm, nccl_stream));
+        CUDA(cudaEventRecord(reduced, nccl_stream));
+        CUDA(cudaStreamWaitEvent(compute, reduced, 0));
 
         CUDA(cudaMemcpyAsync(d_err, d_y, kY * sizeof(float), cudaMemcpyDeviceToDevice, compute));
         run(dnn, forward, d_h, d_w, d_err, d_workspace);          // err = conv(h, W) - y

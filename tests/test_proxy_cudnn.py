@@ -1,0 +1,171 @@
+"""cuDNN through the device proxy (issue 19): forwarded at the library level, on the CPU device emulator.
+
+tests/emulator_programs/cudnn_conv.c (convolutions forward, backward-data and backward-filter through the
+backend API as PyTorch builds them, BatchNorm through the legacy API, about 150 argument errors, and a small
+training loop) prints the same bytes through ``jitckpt-proxy`` as directly, through proxy restarts at
+several points (the backend descriptors re-created from the worker's history: interpose/remote/dnn.c), and
+under ``jit-run --transparent --emulated-gpus 1``, whose proxy loads the emulator's libcudnn.so.9.
+
+Recovery: tests/proxy_programs/dnn_train.cpp (3 ranks under torchrun: BatchNorm, three convolution plans
+built in the first minibatch and kept, a variant pack per execution, a workspace, cuBLAS for the optimizer)
+survives a hung all-reduce and a sticky device error with final parameters and running statistics
+bit-identical to a fault-free direct run, and replay validation at minibatch 5 finds the replayed cuDNN
+calls faithful.  Nothing here says anything about a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from native_toolchain import (CUBLAS_INCLUDE, CUDA_HOME, CUDNN_INCLUDE, REQUIRES_CUBLAS_HEADER, REQUIRES_CUDNN_HEADER,
+                              REQUIRES_CUDA_TOOLCHAIN)
+from test_emulator import emulator  # noqa: F401  (fixture)
+from test_proxy import EMULATOR_BUILD, REMOTE_LIB, direct, env, proxy, remote, show  # noqa: F401
+from test_proxy_recovery import CHECKSUM, assert_recovered, torchrun
+
+pytestmark = [*REQUIRES_CUDA_TOOLCHAIN, REQUIRES_CUDNN_HEADER]
+
+SOURCE = REPO / "tests" / "emulator_programs" / "cudnn_conv.c"
+TRAIN_SOURCE = REPO / "tests" / "proxy_programs" / "dnn_train.cpp"
+MLP_DIR = REPO / "examples" / "cuda_mlp"
+
+
+@pytest.fixture(scope="module")
+def conv_program(proxy, tmp_path_factory) -> Path:  # noqa: F811
+    """The test program, linked against the emulated libcudnn.so.9 and libcudart.so.13."""
+    assert (EMULATOR_BUILD / "libcudnn.so.9").exists(), "make -C emulator built no libcudnn.so.9"
+    out = tmp_path_factory.mktemp("cudnn") / "cudnn_conv"
+    subprocess.run(["gcc", "-O1", "-ffp-contract=off", "-I", str(CUDA_HOME / "include"), "-I", str(CUDNN_INCLUDE),
+                    "-o", str(out), str(SOURCE), "-L", str(EMULATOR_BUILD), "-l:libcudnn.so.9", "-l:libcudart.so.13",
+                    "-lm"], check=True)
+    return out
+
+
+def defined(lib: Path) -> dict[str, str]:
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[2].split("@")[0]: line.split()[2] for line in out.splitlines() if len(line.split()) == 3}
+
+
+def test_the_remote_library_exports_every_cudnn_function_under_libcudnns_node(proxy):  # noqa: F811
+    """What the emulator implements is forwarded, and every other function of the headers is a refusal, all
+    under libcudnn.so.9's node (as the real library's): a program's cudnnCreate@libcudnn.so.9 binds here."""
+    emulated = {n for n in defined(EMULATOR_BUILD / "libcudnn.so.9") if n.startswith("cudnn")}
+    exported = defined(REMOTE_LIB)
+    assert emulated and not emulated - set(exported), sorted(emulated - set(exported))
+    for name in ("cudnnCreate", "cudnnBackendExecute", "cudnnBatchNormalizationForwardTrainingEx",
+                 "cudnnConvolutionForward", "cudnnRNNForward", "cudnnGetVersion"):
+        assert exported[name] == f"{name}@@libcudnn.so.9", exported.get(name)
+
+
+@pytest.mark.parametrize("what", ["conv", "bn", "errors", "train"])
+def test_every_cudnn_case_and_error_prints_the_same_through_the_proxy(conv_program, tmp_path, what):
+    """23 convolution cases (forward, backward-data, backward-filter; padding, strides, dilation, channels-last,
+    alpha/beta, 1-D and 3-D), 18 BatchNorm cases, about 150 statuses of bad arguments (the variant pack's among
+    them: the worker keeps it, the proxy's cuDNN answers what the worker does not) and a training loop: the
+    same bytes through the proxy."""
+    want = direct(conv_program, what)
+    assert want.returncode == 0 and "DONE" in want.stdout, show(want)
+    got = remote(conv_program, what, tmp_path=tmp_path)
+    assert got.returncode == 0, show(got)
+    assert got.stdout == want.stdout, show(got)
+    assert "is not supported in transparent mode" not in got.stderr, got.stderr
+    if what == "conv":
+        assert want.stdout.count("CASE ") >= 20 and " exact=0 pad=0" in want.stdout
+    if what == "errors":
+        assert want.stdout.count("STATUS ") >= 100
+    if what == "train":
+        assert re.search(r"^checksum [0-9a-f]{16}$", want.stdout, re.M), want.stdout
+
+
+@pytest.mark.parametrize("call", [40, 150, 400, 900])
+def test_a_proxy_restart_re_creates_the_cudnn_handles_and_descriptors(conv_program, tmp_path, call):
+    """A driver-suspect restart before the program's Nth call (JITCKPT_REMOTE_RESTART_AT): the new proxy gets
+    every handle back with its stream and every live backend descriptor from the worker's history (finalized
+    plans, the engine configurations the heuristics filled); the program prints the same bytes."""
+    want = direct(conv_program, "all")
+    got = remote(conv_program, "all", tmp_path=tmp_path, extra={"JITCKPT_REMOTE_RESTART_AT": str(call)})
+    assert got.returncode == 0 and got.stdout == want.stdout, show(got)
+    assert "device proxy restarted (driver suspect)" in got.stderr, got.stderr
+    assert "is not supported in transparent mode" not in got.stderr, got.stderr
+
+
+def test_jit_run_transparent_forwards_cudnn_and_doctor_says_so(conv_program):
+    want = direct(conv_program, "train")
+    e = env()
+    e["LD_LIBRARY_PATH"] = str(EMULATOR_BUILD)  # (the program itself is linked against the emulator)
+    got = subprocess.run([sys.executable, "-m", "jitckpt", "--transparent", "--emulated-gpus", "1",
+                          str(conv_program), "train"], env=e, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert got.returncode == 0, show(got)
+    assert got.stdout == want.stdout, show(got)
+    assert f"cuDNN {EMULATOR_BUILD / 'libcudnn.so.9'}" in got.stderr, got.stderr
+    doctor = subprocess.run([sys.executable, "-m", "jitckpt", "doctor", "--json", str(conv_program)], env=e,
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    report = json.loads(doctor.stdout)
+    transparent = report["verdict"]["transparent"]
+    assert transparent["status"] == "ok", transparent
+    assert any(c.startswith("cuDNN is forwarded to the device proxy: ") for c in transparent["caveats"]), transparent
+    assert {"library": "cuDNN", "file": "libcudnn.so.9", "transparent": "forwarded",
+            "pytorch_common_path": True} in report["libraries"], report["libraries"]
+    text = subprocess.run([sys.executable, "-m", "jitckpt", "doctor", str(conv_program)], env=e,
+                          capture_output=True, text=True, timeout=120, cwd=REPO).stdout
+    assert re.search(r"^  cuDNN\s+forwarded\s+\(libcudnn\.so\.9\)$", text, re.M), text
+
+
+# ---- transparent recovery of a cuDNN training program --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dnn_train(proxy, tmp_path_factory) -> Path:  # noqa: F811
+    from native_toolchain import NCCL_WHEEL
+
+    out = tmp_path_factory.mktemp("dnn-train") / "dnn_train"
+    subprocess.run(["g++", "-O1", "-std=c++17", "-ffp-contract=off", "-I", str(CUDA_HOME / "include"), "-I",
+                    str(CUBLAS_INCLUDE), "-I", str(CUDNN_INCLUDE), "-I", str(NCCL_WHEEL / "include"), "-I",
+                    str(MLP_DIR), "-o", str(out), str(TRAIN_SOURCE), str(MLP_DIR / "rendezvous.cpp"), "-L",
+                    str(EMULATOR_BUILD), "-l:libcudnn.so.9", "-l:libcublas.so.13", "-l:libnccl.so.2",
+                    "-l:libcudart.so.13", "-ldl"], check=True)
+    return out
+
+
+def dnn_reference(dnn_train: Path, tmp_path: Path) -> str:
+    """The final checksum of a fault-free direct run (no proxy, no jitckpt)."""
+    proc = torchrun(dnn_train, tmp_path, through_proxy=False)
+    sums = set(CHECKSUM.findall(proc.stdout))
+    assert proc.returncode == 0 and len(sums) == 3 and len({s for _, s in sums}) == 1, proc.stdout + proc.stderr
+    return sums.pop()[1]
+
+
+@REQUIRES_CUBLAS_HEADER
+@pytest.mark.parametrize("fault,rank", [("hang", 1), ("sticky", 2)])
+def test_a_cudnn_program_is_recovered_underneath_bit_exact(dnn_train, tmp_path, fault, rank):
+    reference = dnn_reference(dnn_train, tmp_path)
+    proc = torchrun(dnn_train, tmp_path, True, {"JITCKPT_SIMDEV_FAULT": f"rank={rank},op=ncclAllReduce,call=9,kind={fault}"})
+    out = assert_recovered(proc, reference, minibatch=7)
+    # validation ran at minibatch 5 and found the replay (its cuDNN calls included) faithful on every rank
+    assert len(re.findall(r"replay validation at minibatch 5: the replay of \d+ calls reproduces", out)) == 3, out[-4000:]
+    if fault == "sticky":  # a new proxy: the handles and the plans re-created
+        assert re.search(r"rank 2: recovered in \d+ ms \(stop \d+, new proxy \d+, ", out), out[-4000:]
+    assert "is not supported in transparent mode" not in out
+
+
+@REQUIRES_CUBLAS_HEADER
+def test_batchnorm_running_statistics_turn_transparent_recovery_off_at_once(dnn_train, tmp_path):
+    """Running statistics are updated in place in the forward pass: the state a failure leaves already holds
+    the update and a replay would make it twice (replay validation at minibatch 5 saw exactly that).  The
+    worker says so at the first such call, and a failure stops every rank with exit status 75 (the job falls
+    back to its checkpoints) instead of ending with statistics updated twice."""
+    proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1",
+                                                "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    assert len(re.findall(r"rank \d: cudnnBatchNormalizationForwardTraining updates the running mean and variance in "
+                          r"place during the forward pass.*Transparent recovery is OFF", out)) == 3, out[-4000:]
+    assert len(re.findall(r"exitcode\s*: 75", out)) >= 1, out[-4000:]
+    assert "final parameters checksum" not in proc.stdout, out[-4000:]
