@@ -59,7 +59,7 @@
 #     JITCKPT_REMOTE_RESTART_AT=N; N placed at the middle step from the first transparent run's call log,
 #     JITCKPT_REMOTE_LOG_TRACE=1): it must happen between two training steps' log lines and the run must
 #     end with the direct checksum; its duration and the bytes copied are printed.
-#   A transparent run that stops (a cuDNN call or a driver entry point not forwarded: the worker exits
+#   A transparent run that stops (a library call or a driver entry point not forwarded: the worker exits
 #   with status 77 and a line naming the library; or jit-run refuses before the start, status 2) is a
 #   FAIL quoting that line, never a PASS.  On the emulator (GPU_CHECK_EMULATOR=1) it prints one line,
 #   skipped (no CUDA torch), and fails nothing.  Knobs: GPU_CHECK_PT_STEPS (300), GPU_CHECK_PT_PAIRS (2),

@@ -28,7 +28,7 @@ remote library's line ``device proxy restarted (driver suspect): ... N allocatio
 gives the bytes copied out and back and the time; the run must still end with the direct checksum.
 
 A transparent run that transparent mode stops (status 77 and a line naming the library or function, e.g. a
-cuDNN call, a driver entry point) is reported with that line, and the script exits 1.
+cuFFT call, a driver entry point) is reported with that line, and the script exits 1.
 """
 
 from __future__ import annotations
