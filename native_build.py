@@ -72,6 +72,15 @@ SHIPPED = {
                   "libjitckpt_remote.so"),
     "proxy_server": ("jitckpt-proxy",),
 }
+# Shipped when built: the emulator's libraries of cuBLAS, cuBLASLt and cuDNN (built only with their headers).
+SHIPPED_IF_BUILT = {"emulator": ("libcublas.so.13", "libcublasLt.so.13", "libcudnn.so.9")}
+# The libraries transparent mode forwards at the library level when the build has their headers: a function of
+# each that the generated coverage list marks transparent, and where the headers come from.
+FORWARDED_LIBRARIES = {
+    "cuBLAS": ("cublasSgemm_v2", "CUBLAS_INCLUDE, the nvidia-cublas wheel (nvidia/cu13/include)"),
+    "cuBLASLt": ("cublasLtMatmul", "cublasLt.h beside cuBLAS's headers"),
+    "cuDNN": ("cudnnBackendExecute", "CUDNN_INCLUDE, the nvidia-cudnn-cu13 wheel (nvidia/cudnn/include)"),
+}
 # Written next to the shipped parts; read by jitckpt.native (keep the name in step).
 BUILD_INFO = "build-info.json"
 
@@ -323,7 +332,22 @@ def build_native() -> Optional[dict[str, Any]]:
             raise NativeBuildError(f"jitckpt: building the native parts failed: `make -C {folder}` exited with "
                                    f"status {done.returncode} (its messages are above).\nTo install jitckpt without "
                                    f"them (user-level mode only): {ENV_BUILD_NATIVE}=0")
-    return {"native": True, "cuda_headers": cuda.to_json(), "nccl_header": nccl.to_json()}
+    forwarded = forwarded_libraries()
+    absent = [name for name, on in forwarded.items() if not on]
+    print("jitckpt: transparent mode forwards " + (", ".join(n for n, on in forwarded.items() if on) or "none")
+          + " of NVIDIA's libraries" + ("" if not absent else "; not " + ", ".join(absent) + " (their headers were not "
+          "found: " + "; ".join(f"{n}: {FORWARDED_LIBRARIES[n][1]}" for n in absent) + ", or the copy "
+          "scripts/setup.sh caches in ~/.cache/jitckpt), whose calls transparent mode then refuses"), file=sys.stderr)
+    return {"native": True, "cuda_headers": cuda.to_json(), "nccl_header": nccl.to_json(), "forwarded": forwarded}
+
+
+def forwarded_libraries() -> dict[str, bool]:
+    """Which of cuBLAS, cuBLASLt and cuDNN the built remote library forwards (read from the coverage list)."""
+    try:
+        functions = json.loads((ROOT / "interpose" / "build" / "gen" / "coverage.json").read_text())["functions"]
+    except (OSError, ValueError, KeyError):
+        return {name: False for name in FORWARDED_LIBRARIES}
+    return {name: bool(functions.get(probe, {}).get("transparent")) for name, (probe, _) in FORWARDED_LIBRARIES.items()}
 
 
 def copy_native(build_lib: Path, info: Optional[dict[str, Any]]) -> None:
@@ -339,7 +363,7 @@ def copy_native(build_lib: Path, info: Optional[dict[str, Any]]) -> None:
             absent = [name for name in names if not (source / name).exists()]
             if absent:
                 raise NativeBuildError(f"jitckpt: make -C {part} succeeded but did not produce {', '.join(absent)}")
-            for name in names:
+            for name in (*names, *(n for n in SHIPPED_IF_BUILT.get(part, ()) if (source / n).exists())):
                 (target_root / part / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source / name, target_root / part / name)  # follows symlinks
                 shutil.copymode(source / name, target_root / part / name)

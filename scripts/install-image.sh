@@ -63,5 +63,9 @@ cuda, nccl = info.get("cuda_headers", {}), info.get("nccl_header", {})
 print(f"[install-image] jitckpt installed with its native parts in {native.PACKAGE_BUILD} (the CPU device "
       f"emulator, the interposition libraries, jitckpt-proxy), built against the CUDA {cuda.get('version')} "
       f"runtime headers ({cuda.get('how')}) and NCCL {nccl.get('version')}'s header ({nccl.get('how')})")
+forwarded = info.get("forwarded", {})
+print("[install-image] transparent mode forwards " + (", ".join(n for n, on in forwarded.items() if on) or "none")
+      + " of NVIDIA's libraries" + ("".join(f"; {n}: not forwarded (its headers were not found at build time), its "
+                                            "calls are refused" for n, on in forwarded.items() if not on)))
 EOF
 )

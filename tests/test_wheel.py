@@ -126,6 +126,16 @@ def test_an_isolated_build_fetches_the_headers_and_ships_the_native_parts(image)
     assert "pip-build-env" in nccl["include"] and re.fullmatch(r"2\.\d+\.\d+", nccl["version"]), nccl
     assert "[install-image] jitckpt installed with its native parts" in image["output"]
     assert f"NCCL {nccl['version']}'s header" in image["output"]
+    # which of NVIDIA's libraries transparent mode forwards is recorded and said: with the headers
+    # scripts/setup.sh caches (the Makefiles look there), all three, and the emulator's versions ship too
+    from native_toolchain import CUBLAS_INCLUDE, CUDNN_INCLUDE
+    expected = {"cuBLAS": CUBLAS_INCLUDE is not None, "cuBLASLt": CUBLAS_INCLUDE is not None,
+                "cuDNN": CUDNN_INCLUDE is not None}
+    assert info["forwarded"] == expected, info
+    said = "[install-image] transparent mode forwards " + (", ".join(n for n, on in expected.items() if on) or "none")
+    assert said in image["output"], image["output"][-3000:]
+    if expected["cuDNN"]:
+        assert "jitckpt/native/_build/emulator/libcudnn.so.9" in names, sorted(names)
 
 
 def test_the_image_runs_the_tested_install_script() -> None:
