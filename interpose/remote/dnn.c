@@ -534,16 +534,16 @@ struct hrec {
 static struct hrec *hist;
 static size_t n_hist, cap_hist;
 
+/* 0, or -1 (said: out of memory, a restart could not re-create the descriptor). */
 static int remember(int op, uint64_t vid, uint32_t name, uint32_t type, int64_t count, const void *bytes, size_t len)
 {
-    if (grow((void **)&hist, &cap_hist, n_hist, sizeof *hist))
-        return -1;
     unsigned char *copy = NULL;
-    if (len) {
-        if ((copy = malloc(len)) == NULL)
-            return -1;
-        memcpy(copy, bytes, len);
+    if (grow((void **)&hist, &cap_hist, n_hist, sizeof *hist) || (len && (copy = malloc(len)) == NULL)) {
+        rlog("cuDNN: out of memory keeping a descriptor's history: a proxy restart could not re-create it");
+        return -1;
     }
+    if (len)
+        memcpy(copy, bytes, len);
     hist[n_hist++] = (struct hrec){op, remote_current_device(), vid, name, type, count, len, copy};
     return 0;
 }
@@ -615,8 +615,7 @@ EXPORT cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t d
         void *vid = NULL;
         rc_get_handle(&c, &vid);
         *descriptor = (cudnnBackendDescriptor_t)vid;
-        if (remember(H_CREATE, (uint64_t)(uintptr_t)vid, (uint32_t)descriptorType, 0, 0, NULL, 0))
-            rlog("cuDNN: out of memory keeping a descriptor's history: a proxy restart could not re-create it");
+        remember(H_CREATE, (uint64_t)(uintptr_t)vid, (uint32_t)descriptorType, 0, 0, NULL, 0);
     }
     remote_end(&c);
     return ret;
@@ -746,9 +745,9 @@ EXPORT cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const des
             *elementCount = n;
         if (!fill && arrayOfElements && returned > 0)
             rc_get(&c, arrayOfElements, array_bytes(attributeType, returned));
-        if (fill && remember(H_FILL, vid, attributeName, attributeType, requestedElementCount, arrayOfElements,
-                             (size_t)requestedElementCount * 8))
-            rlog("cuDNN: out of memory keeping a descriptor's history: a proxy restart could not re-create it");
+        if (fill)
+            remember(H_FILL, vid, attributeName, attributeType, requestedElementCount, arrayOfElements,
+                     (size_t)requestedElementCount * 8);
     }
     remote_end(&c);
     return ret;

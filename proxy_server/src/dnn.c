@@ -127,10 +127,19 @@ static size_t type_bytes(uint32_t type)
 /* (vid, name, type, count, has_array, want_count) as interpose/remote/dnn.c puts them, and for a set (or a
  * fill) the array, its ids mapped.  0, or RD_BAD. */
 struct attr_call { uint64_t vid; uint32_t name, type, has_array, want_count; int64_t count; };
+static int get_attr_fields(struct rdisp *d, struct attr_call *a, unsigned char *bytes, int with_array);
 
 static int get_attr_call(struct rdisp *d, struct attr_call *a, unsigned char *bytes, int with_array)
 {
-    if (rd_get(d, &a->vid, sizeof a->vid) || rd_get(d, &a->name, sizeof a->name) ||
+    if (rd_get(d, &a->vid, sizeof a->vid))
+        return -1;
+    return get_attr_fields(d, a, bytes, with_array);
+}
+
+/* The same without the id (a variant pack's question names its pack otherwise). */
+static int get_attr_fields(struct rdisp *d, struct attr_call *a, unsigned char *bytes, int with_array)
+{
+    if (rd_get(d, &a->name, sizeof a->name) ||
         rd_get(d, &a->type, sizeof a->type) || rd_get(d, &a->count, sizeof a->count) ||
         rd_get(d, &a->has_array, sizeof a->has_array) || rd_get(d, &a->want_count, sizeof a->want_count))
         return -1;
@@ -289,16 +298,11 @@ static int32_t pack_ask(struct rdisp *d)
     struct attr_call a = {0};
     uint32_t op;
     int32_t st = RD_BAD;
-    if (get_desc_arg(d, &pack, &made) == 0 && rd_get(d, &op, sizeof op) == 0 && rd_get(d, &a.name, sizeof a.name) == 0 &&
-        rd_get(d, &a.type, sizeof a.type) == 0 && rd_get(d, &a.count, sizeof a.count) == 0 &&
-        rd_get(d, &a.has_array, sizeof a.has_array) == 0 && rd_get(d, &a.want_count, sizeof a.want_count) == 0) {
-        size_t len = a.has_array && a.count > 0 ? (size_t)a.count * type_bytes(a.type) : 0;
-        if (len > MAX_ATTR_BYTES)
-            st = CUDNN_STATUS_NOT_SUPPORTED;
-        else if (op == JITCKPT_DNN_PACK_SET)
-            st = rd_get(d, bytes, len) ? RD_BAD
-                 : r_set(pack, (cudnnBackendAttributeName_t)a.name, (cudnnBackendAttributeType_t)a.type, a.count,
-                         a.has_array ? bytes : NULL);
+    if (get_desc_arg(d, &pack, &made) == 0 && rd_get(d, &op, sizeof op) == 0 &&
+        get_attr_fields(d, &a, bytes, op == JITCKPT_DNN_PACK_SET) == 0) {
+        if (op == JITCKPT_DNN_PACK_SET)
+            st = r_set(pack, (cudnnBackendAttributeName_t)a.name, (cudnnBackendAttributeType_t)a.type, a.count,
+                       a.has_array ? bytes : NULL);
         else if (op == JITCKPT_DNN_PACK_GET)
             st = get_on(d, pack, &a, bytes, 0);
         else
