@@ -172,6 +172,8 @@ def test_program_prints_the_same_through_the_proxy_on_the_emulator(programs, twi
 
     assert timings_out(got.stdout) == timings_out(want.stdout)
     assert f"OK {cmd}" in got.stdout
+    if cmd == "validation":  # the occupancy queries, marshalled (the emulator's SM: 2048 threads)
+        assert "occupancy saxpy 256 threads: 8 blocks" in got.stdout and "1000 threads: 2 blocks" in got.stdout
 
 
 def test_host_device_copies_round_trip_through_the_arena(handles, tmp_path):

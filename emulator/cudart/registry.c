@@ -412,6 +412,35 @@ cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *attr, const void *f
     return cudaSuccess;
 }
 
+/* Occupancy, as cudaFuncGetAttributes describes a kernel here (1024 threads a block, no register limit) on an
+ * emulated SM of 2048 threads and 32 blocks: floor(2048 / blockSize rounded up to a warp), at most 32, and 0
+ * when the dynamic shared memory asked for exceeds the kernel's limit.  A pure function of the arguments. */
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, const void *func, int blockSize,
+                                                                   size_t dynamicSMemSize, unsigned int flags)
+{
+    cudaError_t err = simdev_enter("cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", NULL);
+    if (err != cudaSuccess)
+        return simdev_return(err);
+    struct simdev_kernel *k = kernel_from_func(func);
+    if (!k)
+        return simdev_return(cudaErrorInvalidDeviceFunction);
+    if (!numBlocks || blockSize <= 0 || blockSize > 1024 ||
+        (flags != cudaOccupancyDefault && flags != cudaOccupancyDisableCachingOverride))
+        return simdev_return(cudaErrorInvalidValue);
+    size_t limit = k->max_dynamic_shared ? (size_t)k->max_dynamic_shared : 48 * 1024;
+    int warps = (blockSize + 31) / 32;
+    int blocks = 2048 / (warps * 32);
+    *numBlocks = dynamicSMemSize > limit ? 0 : blocks > 32 ? 32 : blocks;
+    return cudaSuccess;
+}
+
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, const void *func, int blockSize,
+                                                          size_t dynamicSMemSize)
+{
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks, func, blockSize, dynamicSMemSize,
+                                                                  cudaOccupancyDefault);
+}
+
 cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
 {
     cudaError_t err = simdev_enter("cudaFuncSetAttribute", NULL);

@@ -118,6 +118,8 @@ static uint32_t classify(unsigned fn)
     case RFN_cudaGetDeviceFlags: case RFN_cudaStreamGetDevice: case RFN_cudaStreamGetId:
     case RFN_cudaStreamIsCapturing: case RFN_cudaFuncGetAttributes: case RFN_cudaPointerGetAttributes:
     case RFN_cudaProfilerStart: case RFN_cudaProfilerStop: case RFN_cudaLibraryGetKernelCount:
+    case RFN_cudaOccupancyMaxActiveBlocksPerMultiprocessor:
+    case RFN_cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags:
 #ifdef JITCKPT_REMOTE_CUBLASLT
     case RFN_cublasLtMatmulAlgoGetHeuristic: case RFN_cublasLtMatmulDescGetAttribute:
     case RFN_cublasLtMatrixLayoutGetAttribute: case RFN_cublasLtMatmulPreferenceGetAttribute:

@@ -171,6 +171,11 @@ class Fact:
 
 
 STREAM = {"stream": "stream"}
+IPC = ("CUDA IPC hands device memory or an event to another process, which cannot map the device proxy's memory "
+       "(PyTorch uses it for CUDA tensors sent between processes: torch.multiprocessing, DataLoader workers "
+       "returning CUDA tensors)")
+MEMPOOLS = ("stream-ordered memory pools are not marshalled (PyTorch's allocator backend cudaMallocAsync uses them: "
+            "keep PYTORCH_CUDA_ALLOC_CONF's default backend, native)")
 H2D = "kind == cudaMemcpyHostToDevice"
 NO_GRAPHS = ("CUDA graphs built other than by stream capture (to an existing graph, with instantiation "
              "parameters) are not marshalled by remote mode")
@@ -421,6 +426,21 @@ REMOTE: dict[str, dict] = {
     # driver entry points: the driver fence's own stubs, which stop the job when called (interpose/remote/bypass.c)
     "cudaGetDriverEntryPoint": dict(remote=HAND, refused=""),
     "cudaGetDriverEntryPointByVersion": dict(remote=HAND, refused=""),
+    # occupancy: a query about a kernel on the proxy's device
+    "cudaOccupancyMaxActiveBlocksPerMultiprocessor": dict(remote=GEN, outputs=("numBlocks",), device=("func",),
+                                                          mode="sync"),
+    "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags": dict(remote=GEN, outputs=("numBlocks",),
+                                                                   device=("func",), mode="sync"),
+    # refused when called, each with its reason (issue 19: what a CUDA PyTorch imports)
+    **dict.fromkeys(("cudaIpcGetMemHandle", "cudaIpcOpenMemHandle", "cudaIpcCloseMemHandle", "cudaIpcGetEventHandle",
+                     "cudaIpcOpenEventHandle"), dict(refused=IPC)),
+    **dict.fromkeys(("cudaDeviceGetDefaultMemPool", "cudaMemPoolGetAttribute", "cudaMemPoolSetAttribute",
+                     "cudaMemPoolSetAccess"), dict(refused=MEMPOOLS)),
+    "cudaLaunchCooperativeKernel": dict(refused="cooperative launches (grid-wide synchronisation) are not marshalled: "
+                                                "the proxy's launch path takes ordinary launches only"),
+    **dict.fromkeys(("cudaGraphGetNodes", "cudaGraphNodeGetDependencies", "cudaGraphDebugDotPrint"),
+                    dict(refused="graph introspection is not marshalled (stream capture, instantiation and launch "
+                                 "are)")),
 }
 # NCCL: the communicator is a virtual handle; buffers are device pointers.
 NCCL_BUFFERS = {"ncclAllReduce": ("sendbuff", "recvbuff"), "ncclBroadcast": ("sendbuff", "recvbuff"),
@@ -454,6 +474,18 @@ REMOTE_NCCL: dict[str, dict] = {
                                      host_in={"scalar": "residence == ncclScalarHostImmediate ? "
                                                         "remote_nccl_type_size(datatype) : 0"}),
     "ncclRedOpDestroy": dict(remote=GEN, handles={"comm": "comm"}, mode="sync"),
+    # refused when called, each with its reason (issue 19: what a CUDA PyTorch imports)
+    "ncclCommSplit": dict(refused="communicator splits are not marshalled: a recovery rebuilds communicators from "
+                                  "their unique ids, which a split one has none of (PyTorch splits for new_group when "
+                                  "init_process_group got a device_id; leave device_id unset)"),
+    "ncclCommShrink": dict(refused="shrinking a communicator is NCCL's own fault tolerance, which transparent "
+                                   "recovery replaces"),
+    "ncclCommInitRankScalable": dict(refused="initialisation from several unique ids is not marshalled "
+                                             "(ncclCommInitRank and ncclCommInitRankConfig are)"),
+    **dict.fromkeys(("ncclCommRegister", "ncclCommDeregister", "ncclCommWindowRegister", "ncclCommWindowDeregister"),
+                    dict(refused="buffer and window registration is not marshalled (PyTorch registers buffers only "
+                                 "when asked: TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK, symmetric memory)")),
+    "ncclGroupSimulateEnd": dict(refused="simulating a group is not marshalled"),
 }
 # nvcc's hidden registration and launch-configuration entry points: no C header
 # declares them, so they are hand-written on both sides.

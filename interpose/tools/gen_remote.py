@@ -337,7 +337,12 @@ def has_twin_stub(function) -> bool:
 
 # Functions no header declares that remote mode refuses by design, and why.
 REFUSED_HIDDEN = {"__cudaRegisterManagedVar": "__managed__ variables: the runtime places their storage in the "
-                                              "device proxy's memory, which the program cannot map"}
+                                              "device proxy's memory, which the program cannot map",
+                  # declared by nccl_device/host.h, not nccl.h: NCCL's device API (kernels that use symmetric
+                  # memory directly), which PyTorch imports
+                  **dict.fromkeys(("ncclDevCommCreate", "ncclDevCommDestroy"),
+                                  "NCCL's device API (device-initiated communication over symmetric memory) is not "
+                                  "marshalled")}
 
 # Hand-written twins: the stream sits inside a structure (interpose/remote/special.c), or there is none
 # (the driver entry points: interpose/remote/bypass.c).
@@ -398,7 +403,7 @@ def generate(functions: dict, cuda: dict, nccl: dict, twins: dict, all_names: se
         proto = cuda.get(name) or nccl.get(name) or blas.get(name) or dnn.get(name)
         library = ("nccl" if name in nccl else "cublasLt" if name.startswith("cublasLt") else
                    "cublas" if name in blas else "cudnn" if name in dnn else "cudart")
-        fact = functions.get(name)
+        fact = functions.get(name) or (functions.get(name[1:]) if name.startswith("pnccl") else None)
         if proto.ret in ERROR_TYPES:
             reason = fact.fact.refused if fact and fact.fact.refused else "not marshalled by remote mode yet"
             # cuBLAS's half-precision prototypes are declared for C++ only: refused without a prototype in C.

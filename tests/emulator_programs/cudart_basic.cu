@@ -372,6 +372,17 @@ static int cmd_validation()
     cudaEvent_t bogus = (cudaEvent_t)0x5678;
     EXPECT_ERR(cudaEventQuery(bogus), cudaErrorInvalidResourceHandle);
     cudaGetLastError();
+    // occupancy: a query about a kernel (through the proxy: the kernel's host stub names it there too)
+    int blocks = -1;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)saxpy, 256, 0));
+    std::printf("occupancy saxpy 256 threads: %d blocks\n", blocks);
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(&blocks, (const void *)saxpy, 1000, 0,
+                                                                 cudaOccupancyDisableCachingOverride));
+    std::printf("occupancy saxpy 1000 threads: %d blocks\n", blocks);
+    EXPECT_ERR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)saxpy, 0, 0), cudaErrorInvalidValue);
+    EXPECT_ERR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)&cmd_validation, 128, 0),
+               cudaErrorInvalidDeviceFunction);
+    cudaGetLastError();
     CHECK(cudaFree(d));
     std::printf("OK validation\n");
     return 0;
