@@ -13,6 +13,7 @@ GPU could confirm is listed in proxy_server/README.md.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -21,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import with_build_lock
+from conftest import REPO, with_build_lock
 from native_toolchain import CUDA_HOME, REQUIRES_CUDA_TOOLCHAIN
 from test_emulator import emulator, programs  # noqa: F401  (fixtures)
-from test_proxy import EMULATOR_BUILD, PROXY, direct, env, proxy, remote, show, twins  # noqa: F401
+from test_proxy import EMULATOR_BUILD, PROXY, REMOTE_LIB, direct, env, proxy, remote, show, twins  # noqa: F401
 
 pytestmark = REQUIRES_CUDA_TOOLCHAIN
 
@@ -209,3 +210,33 @@ def test_graph_capture_turns_transparent_recovery_off_with_the_reason(programs, 
     assert got.returncode == 0 and "OK capture" in got.stdout, show(got)
     said = [line for line in got.stderr.splitlines() if "Transparent recovery is OFF" in line]
     assert len(said) == 1 and "captures CUDA graphs" in said[0], got.stderr
+
+
+def test_what_a_cuda_pytorch_imports_is_marshalled_or_refused_with_its_own_reason(proxy):  # noqa: F811
+    """Issue 19's list of the runtime and NCCL functions a CUDA PyTorch imports: the occupancy queries are
+    marshalled, each other one is refused when called with a reason of its own (never the generic "not
+    marshalled yet"), its pnccl twin too, and NCCL's device API, declared outside nccl.h, is exported as a
+    refusal rather than left to bind to a real NCCL in the worker."""
+    coverage = json.loads((REPO / "interpose" / "build" / "gen" / "coverage.json").read_text())
+    remote, refused = coverage["remote"], coverage["refused"]
+    for name in ("cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                 "cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"):
+        assert remote.get(name) == "marshalled", name
+    reasons = {
+        "cudaIpcGetMemHandle": "CUDA IPC", "cudaIpcOpenMemHandle": "CUDA IPC", "cudaIpcCloseMemHandle": "CUDA IPC",
+        "cudaIpcGetEventHandle": "CUDA IPC", "cudaIpcOpenEventHandle": "CUDA IPC",
+        "cudaDeviceGetDefaultMemPool": "memory pools", "cudaMemPoolGetAttribute": "memory pools",
+        "cudaMemPoolSetAttribute": "memory pools", "cudaMemPoolSetAccess": "memory pools",
+        "cudaLaunchCooperativeKernel": "cooperative", "cudaGraphGetNodes": "graph introspection",
+        "cudaGraphNodeGetDependencies": "graph introspection", "cudaGraphDebugDotPrint": "graph introspection",
+        "ncclCommSplit": "splits", "pncclCommSplit": "splits", "ncclCommShrink": "fault tolerance",
+        "ncclCommInitRankScalable": "several unique ids", "ncclCommRegister": "registration",
+        "ncclCommDeregister": "registration", "ncclCommWindowRegister": "registration",
+        "ncclCommWindowDeregister": "registration", "ncclGroupSimulateEnd": "simulating",
+        "ncclDevCommCreate": "device API", "ncclDevCommDestroy": "device API",
+    }
+    for name, words in reasons.items():
+        assert words in refused.get(name, ""), (name, refused.get(name))
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(REMOTE_LIB)], capture_output=True, text=True,
+                              check=True).stdout
+    assert re.search(r"\bncclDevCommCreate\b", exported) and re.search(r"\bcudaIpcOpenMemHandle@@", exported)
