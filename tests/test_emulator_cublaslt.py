@@ -16,41 +16,24 @@ are here.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from native_toolchain import CUDA_HOME, EMULATOR, EMULATOR_ENV, NCCL_WHEEL, build_emulator
+from emulator_library import (REQUIRES_GCC_CUDA_HEADERS_NCCL, assert_device_only_through_the_private_interface,
+                              assert_exports_exactly, assert_soname_and_symlink, build_library, gcc_program, infos,
+                              make_with, makefile_include, results, run, statuses)
 
-BUILD = EMULATOR / "build"
 PROGRAM = Path(__file__).resolve().parent / "emulator_programs" / "cublaslt_gemm.c"
 
-
-def cublaslt_include() -> Path | None:
-    """Where cublasLt.h is, found as emulator/Makefile finds it (the directory with cublas_api.h)."""
-    if "CUBLAS_INCLUDE" in os.environ:
-        candidates = [Path(os.environ["CUBLAS_INCLUDE"])]
-    else:
-        candidates = []
-        if os.environ.get("XDG_CACHE_HOME"):
-            candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "jitckpt" / "cublas-13" / "include")
-        candidates.append(Path.home() / ".cache" / "jitckpt" / "cublas-13" / "include")
-    found = next((c for c in candidates if (c / "cublas_api.h").exists()), None)
-    return found if found is not None and (found / "cublasLt.h").exists() and (found / "cublas_v2.h").exists() \
-        else None
-
-
-CUBLAS_INCLUDE = cublaslt_include()
+# Where emulator/Makefile finds cublas_api.h; it builds libcublasLt only with cublasLt.h beside it (the program
+# also includes cublas_v2.h).
+CUBLAS_INCLUDE = makefile_include("CUBLAS_INCLUDE", "cublas-13", probe=("cublas_api.h",),
+                                  needs=("cublasLt.h", "cublas_v2.h"))
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),
-    pytest.mark.skipif(not (CUDA_HOME / "include" / "cuda_runtime_api.h").exists(),
-                       reason="the CUDA 13 headers are not installed"),
-    pytest.mark.skipif(NCCL_WHEEL is None, reason="make -C emulator needs nccl.h: pip install nvidia-nccl-cu13"),
+    *REQUIRES_GCC_CUDA_HEADERS_NCCL,
     pytest.mark.skipif(CUBLAS_INCLUDE is None,
                        reason="cublasLt.h not found: run scripts/setup.sh (it caches the cuBLAS headers in "
                               "~/.cache/jitckpt/cublas-13/include) or set CUBLAS_INCLUDE=/path/to/include"),
@@ -157,36 +140,17 @@ SAME_BITS = [
     {"f32_TT", "f32_TT_fast_tf32"},
 ]
 
-CASE_RE = re.compile(r"^CASE (\S+) hash=([0-9a-f]{16}) maxdiff=(\S+) exact=(\d+) pad=(\d+)$")
-
 
 @pytest.fixture(scope="module")
 def emulator() -> Path:
-    build_emulator()
-    assert (BUILD / "libcublasLt.so.13").exists(), "make -C emulator did not build libcublasLt.so.13"
-    return BUILD
+    return build_library("libcublasLt.so.13")
 
 
 @pytest.fixture(scope="module")
 def program(emulator: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """cublaslt_gemm.c built with gcc against the real headers and the emulator's libraries."""
-    out = tmp_path_factory.mktemp("cublaslt") / "cublaslt_gemm"
-    cmd = ["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
-           "-I", str(CUDA_HOME / "include"), "-I", str(CUBLAS_INCLUDE), "-o", str(out), str(PROGRAM),
-           "-L", str(emulator), "-l:libcublasLt.so.13", "-l:libcublas.so.13", "-l:libcudart.so.13", "-lm"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
-    return out
-
-
-def run(binary: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in EMULATOR_ENV and k != "LD_LIBRARY_PATH"}
-    env["LD_LIBRARY_PATH"] = str(BUILD)
-    proc = subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("DONE"), (
-        f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-    )
-    return proc
+    return gcc_program(PROGRAM, tmp_path_factory.mktemp("cublaslt") / "cublaslt_gemm", CUBLAS_INCLUDE,
+                       ["-l:libcublasLt.so.13", "-l:libcublas.so.13", "-l:libcudart.so.13"])
 
 
 @pytest.fixture(scope="module")
@@ -196,76 +160,34 @@ def runs(program: Path) -> list[str]:
 
 
 def cases(stdout: str) -> dict[str, dict]:
-    result = {}
-    for line in stdout.splitlines():
-        m = CASE_RE.match(line)
-        if m:
-            name, digest, maxdiff, exact, pad = m.groups()
-            result[name] = {"hash": digest, "maxdiff": float(maxdiff), "exact": int(exact), "pad": int(pad)}
-    return result
-
-
-def statuses(stdout: str) -> dict[str, int]:
-    return {f[1]: int(f[2]) for f in (line.split() for line in stdout.splitlines()) if f and f[0] == "STATUS"}
-
-
-def infos(stdout: str) -> dict[str, str]:
-    return {f[1]: f[2] for f in (line.split(maxsplit=2) for line in stdout.splitlines()) if f and f[0] == "INFO"}
-
-
-def dyn_symbols(path: Path) -> list[tuple[str, str | None, bool]]:
-    """(name, version or None, defined) for every dynamic symbol, from readelf."""
-    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True, text=True, check=True).stdout
-    result = []
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) < 8 or not fields[0].rstrip(":").isdigit() or fields[6] == "ABS":
-            continue
-        base, _, version = fields[7].partition("@")
-        result.append((base, version.lstrip("@") or None, fields[6] != "UND"))
-    return result
+    """The CASE lines, by name."""
+    return results("CASE", stdout)
 
 
 # ---- the library ------------------------------------------------------------------
 
 
 def test_soname_and_symlink(emulator):
-    out = subprocess.run(["readelf", "-d", str(emulator / "libcublasLt.so.13")], capture_output=True, text=True,
-                         check=True).stdout
-    assert "Library soname: [libcublasLt.so.13]" in out
-    assert os.readlink(emulator / "libcublasLt.so") == "libcublasLt.so.13"
+    assert_soname_and_symlink(emulator / "libcublasLt.so.13")
 
 
 def test_exports_exactly_the_implemented_functions_in_node_libcublasLt_so_13(emulator):
-    lib = emulator / "libcublasLt.so.13"
-    exports = {name: version for name, version, defined in dyn_symbols(lib) if defined}
-    assert set(exports) == EXPORTED
-    assert all(v == "libcublasLt.so.13" for v in exports.values()), exports
-    out = subprocess.run(["readelf", "-V", "-W", str(lib)], capture_output=True, text=True, check=True).stdout
-    definitions = out.split("Version definition section", 1)[1].split("Version needs section", 1)[0]
-    assert re.findall(r"Name: (\S+)", definitions) == ["libcublasLt.so.13", "libcublasLt.so.13"]
+    assert_exports_exactly(emulator / "libcublasLt.so.13", EXPORTED)
 
 
 def test_reaches_the_device_only_through_the_private_interface(emulator):
     """Like the emulated cuBLAS: no cuda* import, and no dependency on libcublas."""
-    lib = emulator / "libcublasLt.so.13"
-    imports = {name: version for name, version, defined in dyn_symbols(lib) if not defined}
-    assert not [n for n in imports if n.startswith(("cuda", "__cuda", "cublas"))], imports
-    private = {n: v for n, v in imports.items() if n.startswith("jitckpt_simdev_")}
-    assert "jitckpt_simdev_enqueue" in private and "jitckpt_simdev_check_range" in private
-    assert set(private.values()) == {"JITCKPT_SIMDEV_1"}
+    assert_device_only_through_the_private_interface(emulator / "libcublasLt.so.13", ("cuda", "__cuda", "cublas"))
 
 
 def test_make_skips_libcublaslt_with_a_note_without_the_header(emulator, tmp_path):
     """cublas_api.h present, cublasLt.h absent: libcublas builds, libcublasLt is skipped with a note."""
     (tmp_path / "cublas_api.h").symlink_to(CUBLAS_INCLUDE / "cublas_api.h")
     (tmp_path / "cublas_v2.h").symlink_to(CUBLAS_INCLUDE / "cublas_v2.h")
-    proc = subprocess.run(["make", "-C", str(EMULATOR), f"CUBLAS_INCLUDE={tmp_path}"], capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert "skipping libcublasLt.so.13: cublasLt.h not found" in proc.stdout
-    assert "scripts/setup.sh" in proc.stdout
-    assert "skipping libcublas.so.13" not in proc.stdout
+    stdout = make_with("CUBLAS_INCLUDE", tmp_path)
+    assert "skipping libcublasLt.so.13: cublasLt.h not found" in stdout
+    assert "scripts/setup.sh" in stdout
+    assert "skipping libcublas.so.13" not in stdout
 
 
 # ---- results ----------------------------------------------------------------------

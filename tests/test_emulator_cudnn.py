@@ -19,51 +19,25 @@ The assertions are here.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from native_toolchain import CUDA_HOME, EMULATOR, EMULATOR_ENV, NCCL_WHEEL, build_emulator
+from emulator_library import (REQUIRES_GCC_CUDA_HEADERS_NCCL, assert_device_only_through_the_private_interface,
+                              assert_exports_exactly, assert_soname_and_symlink, build_library, dyn_symbols,
+                              gcc_program, infos, make_with, makefile_include, package_dir, results, run, statuses)
+from native_toolchain import EMULATOR_BUILD
 
-BUILD = EMULATOR / "build"
 PROGRAM = Path(__file__).resolve().parent / "emulator_programs" / "cudnn_conv.c"
 
-
-def nvidia_cudnn_dir() -> Path | None:
-    """The installed nvidia-cudnn-cu13 package directory (a CUDA PyTorch's), if any."""
-    spec = importlib.util.find_spec("nvidia.cudnn")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def cudnn_include() -> Path | None:
-    """Where cudnn.h is, found as emulator/Makefile finds it."""
-    if "CUDNN_INCLUDE" in os.environ:
-        candidates = [Path(os.environ["CUDNN_INCLUDE"])]
-    else:
-        candidates = []
-        package = nvidia_cudnn_dir()
-        if package is not None:
-            candidates.append(package / "include")
-        if os.environ.get("XDG_CACHE_HOME"):
-            candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "jitckpt" / "cudnn-9" / "include")
-        candidates.append(Path.home() / ".cache" / "jitckpt" / "cudnn-9" / "include")
-    return next((c for c in candidates if (c / "cudnn.h").exists() and (c / "cudnn_graph.h").exists()), None)
-
-
-CUDNN_INCLUDE = cudnn_include()
+# Where emulator/Makefile finds cudnn.h and cudnn_graph.h: an installed nvidia-cudnn-cu13 first.
+CUDNN_INCLUDE = makefile_include("CUDNN_INCLUDE", "cudnn-9", probe=("cudnn.h", "cudnn_graph.h"),
+                                 package="nvidia.cudnn")
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed"),
-    pytest.mark.skipif(not (CUDA_HOME / "include" / "cuda_runtime_api.h").exists(),
-                       reason="the CUDA 13 headers are not installed"),
-    pytest.mark.skipif(NCCL_WHEEL is None, reason="make -C emulator needs nccl.h: pip install nvidia-nccl-cu13"),
+    *REQUIRES_GCC_CUDA_HEADERS_NCCL,
     pytest.mark.skipif(CUDNN_INCLUDE is None,
                        reason="cudnn.h not found: run scripts/setup.sh (it caches cuDNN's headers in "
                               "~/.cache/jitckpt/cudnn-9/include) or set CUDNN_INCLUDE=/path/to/include"),
@@ -251,99 +225,45 @@ SAME_BITS = [
     {"bn_f64_backward_saved", "bn_f64_backward_recomputed"},
 ]
 
-CASE_RE = re.compile(r"^CASE (\S+) hash=([0-9a-f]{16}) maxdiff=(\S+) exact=(\d+) pad=(\d+)$")
-
 
 @pytest.fixture(scope="module")
 def emulator() -> Path:
-    build_emulator()
-    assert (BUILD / "libcudnn.so.9").exists(), "make -C emulator did not build libcudnn.so.9"
-    return BUILD
+    return build_library("libcudnn.so.9")
 
 
 @pytest.fixture(scope="module")
 def program(emulator: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """cudnn_conv.c built with gcc against the real headers, linked -lcudnn -lcudart (no rpath)."""
-    out = tmp_path_factory.mktemp("cudnn") / "cudnn_conv"
-    cmd = ["gcc", "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", "-ffp-contract=off",
-           "-I", str(CUDA_HOME / "include"), "-I", str(CUDNN_INCLUDE), "-o", str(out), str(PROGRAM),
-           "-L", str(emulator), "-lcudnn", "-lcudart", "-lm"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stderr}"
-    return out
-
-
-def run(binary: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in EMULATOR_ENV and k != "LD_LIBRARY_PATH"}
-    env["LD_LIBRARY_PATH"] = str(BUILD)
-    proc = subprocess.run([str(binary), *args], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("DONE"), (
-        f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-    )
-    return proc
+    return gcc_program(PROGRAM, tmp_path_factory.mktemp("cudnn") / "cudnn_conv", CUDNN_INCLUDE,
+                       ["-lcudnn", "-lcudart"])
 
 
 @pytest.fixture(scope="module")
 def runs(program: Path) -> list[str]:
     """The program's output from two separate runs."""
-    return [run(program).stdout for _ in range(2)]
+    return [run(program, timeout=120).stdout for _ in range(2)]
 
 
 def cases(stdout: str) -> dict[str, dict]:
-    result = {}
-    for line in stdout.splitlines():
-        m = CASE_RE.match(line)
-        if m:
-            name, digest, maxdiff, exact, pad = m.groups()
-            result[name] = {"hash": digest, "maxdiff": float(maxdiff), "exact": int(exact), "pad": int(pad)}
-    return result
-
-
-def statuses(stdout: str) -> dict[str, int]:
-    return {f[1]: int(f[2]) for f in (line.split() for line in stdout.splitlines()) if f and f[0] == "STATUS"}
-
-
-def infos(stdout: str) -> dict[str, str]:
-    return {f[1]: f[2] for f in (line.split(maxsplit=2) for line in stdout.splitlines()) if f and f[0] == "INFO"}
-
-
-def dyn_symbols(path: Path) -> list[tuple[str, str | None, bool]]:
-    """(name, version or None, defined) for every dynamic symbol, from readelf."""
-    out = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True, text=True, check=True).stdout
-    result = []
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) < 8 or not fields[0].rstrip(":").isdigit() or fields[6] == "ABS":
-            continue
-        base, _, version = fields[7].partition("@")
-        result.append((base, version.lstrip("@") or None, fields[6] != "UND"))
-    return result
+    """The CASE lines, by name."""
+    return results("CASE", stdout)
 
 
 # ---- the library ------------------------------------------------------------------
 
 
 def test_soname_and_symlink(emulator):
-    out = subprocess.run(["readelf", "-d", str(emulator / "libcudnn.so.9")], capture_output=True, text=True,
-                         check=True).stdout
-    assert "Library soname: [libcudnn.so.9]" in out
-    assert os.readlink(emulator / "libcudnn.so") == "libcudnn.so.9"
+    assert_soname_and_symlink(emulator / "libcudnn.so.9")
 
 
 def test_exports_exactly_the_implemented_functions_in_node_libcudnn_so_9(emulator):
     """The real libcudnn.so.9 (9.28) defines one node named like its soname, holding all its functions."""
-    lib = emulator / "libcudnn.so.9"
-    exports = {name: version for name, version, defined in dyn_symbols(lib) if defined}
-    assert set(exports) == EXPORTED
-    assert all(v == "libcudnn.so.9" for v in exports.values()), exports
-    out = subprocess.run(["readelf", "-V", "-W", str(lib)], capture_output=True, text=True, check=True).stdout
-    definitions = out.split("Version definition section", 1)[1].split("Version needs section", 1)[0]
-    assert re.findall(r"Name: (\S+)", definitions) == ["libcudnn.so.9", "libcudnn.so.9"]
+    assert_exports_exactly(emulator / "libcudnn.so.9", EXPORTED)
 
 
 def test_every_export_is_a_function_of_the_real_library(emulator):
     """Against NVIDIA's libcudnn.so.9 where a CUDA PyTorch installed one: same names, same node."""
-    package = nvidia_cudnn_dir()
+    package = package_dir("nvidia.cudnn")
     real = package / "lib" / "libcudnn.so.9" if package is not None else None
     if real is None or not real.exists():
         pytest.skip("NVIDIA's libcudnn.so.9 is not installed (nvidia-cudnn-cu13)")
@@ -353,12 +273,8 @@ def test_every_export_is_a_function_of_the_real_library(emulator):
 
 def test_reaches_the_device_only_through_the_private_interface(emulator):
     """Like the real library (which imports no cuda* symbol) and the emulated cuBLAS."""
-    lib = emulator / "libcudnn.so.9"
-    imports = {name: version for name, version, defined in dyn_symbols(lib) if not defined}
-    assert not [n for n in imports if n.startswith(("cuda", "__cuda", "cublas", "cudnn"))], imports
-    private = {n: v for n, v in imports.items() if n.startswith("jitckpt_simdev_")}
-    assert "jitckpt_simdev_enqueue" in private and "jitckpt_simdev_check_range" in private
-    assert set(private.values()) == {"JITCKPT_SIMDEV_1"}
+    assert_device_only_through_the_private_interface(emulator / "libcudnn.so.9",
+                                                     ("cuda", "__cuda", "cublas", "cudnn"))
 
 
 def test_status_names_are_generated_from_the_header(emulator):
@@ -367,18 +283,16 @@ def test_status_names_are_generated_from_the_header(emulator):
     body = re.search(r"typedef\s+enum\s*\{((?:(?!typedef).)*?)\}\s*cudnnStatus_t\s*;", header, re.S).group(1)
     current = dict(re.findall(r"^\s*(CUDNN_STATUS_\w+)\s*=\s*(\d+)", body, re.M))
     table = dict((name, value) for value, name in
-                 re.findall(r'\{ (\d+), "(\w+)"', (BUILD / "gen" / "cudnn_status.inc").read_text()))
+                 re.findall(r'\{ (\d+), "(\w+)"', (EMULATOR_BUILD / "gen" / "cudnn_status.inc").read_text()))
     assert len(current) >= 40
     assert {name: value for name, value in current.items()} == {n: table[n] for n in current}
     assert table["CUDNN_STATUS_INVALID_VALUE"] == "2001"    # only a deprecated name has this value
 
 
 def test_make_skips_libcudnn_with_a_note_without_the_headers(emulator, tmp_path):
-    proc = subprocess.run(["make", "-C", str(EMULATOR), f"CUDNN_INCLUDE={tmp_path}"], capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert "skipping libcudnn.so.9: cudnn.h/cudnn_graph.h not found" in proc.stdout
-    assert "scripts/setup.sh" in proc.stdout
+    stdout = make_with("CUDNN_INCLUDE", tmp_path)
+    assert "skipping libcudnn.so.9: cudnn.h/cudnn_graph.h not found" in stdout
+    assert "scripts/setup.sh" in stdout
 
 
 def test_program_links_without_rpath(program):
@@ -492,7 +406,7 @@ def test_attributes_descriptors_and_names(runs):
 
 
 def test_train_is_deterministic_and_matches_the_host_loop(program):
-    outs = [run(program, "train").stdout for _ in range(2)]
+    outs = [run(program, "train", timeout=120).stdout for _ in range(2)]
     # nothing the program prints varies from run to run
     assert outs[0] == outs[1]
     sums = re.findall(r"^checksum ([0-9a-f]{16})$", outs[0], re.M)
