@@ -21,56 +21,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#define CHECK_CUDA(expr)                                                                    \
-    do {                                                                                    \
-        cudaError_t e_ = (expr);                                                            \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,            \
-                    cudaGetErrorName(e_));                                                  \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "library_common.h"
 
-#define CHECK_BLAS(expr)                                                                    \
-    do {                                                                                    \
-        cublasStatus_t s_ = (expr);                                                         \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,            \
-                    cublasGetStatusName(s_));                                               \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#define CHECK_BLAS(expr) CHECK_STATUS(cublasStatus_t, expr, #expr, CUBLAS_STATUS_SUCCESS, cublasGetStatusName)
 
 /* ---- data ------------------------------------------------------------------------ */
 
-static uint64_t rng;
-
-static void seed(uint64_t s)
-{
-    rng = s * 0x9e3779b97f4a7c15ull + 1;
-}
-
-/* In [-4, 4), with a full 53-bit mantissa (rounded to float for the single
- * precision variants), so that sums round and their order matters. */
+/* In [-4, 4), rounded to float for the single precision variants. */
 static double next_value(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) * 0x1.0p-50 - 4.0;
-}
-
-static uint64_t fnv1a(const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
+    return next_in(4.0);
 }
 
 /* ---- variants ---------------------------------------------------------------------- */
@@ -170,12 +131,6 @@ static void put(void *buf, int dbl, long long i, double v)
         ((double *)buf)[i] = v;
     else
         ((float *)buf)[i] = (float)v;
-}
-
-static void host_fn_sleep(void *ms)
-{
-    struct timespec ts = {0, (long)(intptr_t)ms * 1000000L};
-    nanosleep(&ts, NULL);
 }
 
 static cublasStatus_t call(cublasHandle_t h, const struct variant *v, const void *alpha, const void *A,
@@ -338,7 +293,7 @@ static void run_variant(cublasHandle_t h, cudaStream_t stream, const struct vari
         if (!touched[i] && memcmp((char *)hC + i * es, (char *)hC0 + i * es, es) != 0)
             pad++;
     printf("VARIANT %s hash=%016llx maxdiff=%.3e exact=%lld pad=%lld\n", v->name,
-           (unsigned long long)fnv1a(hC, lc.total * es), maxdiff, inexact, pad);
+           (unsigned long long)fnv1a(FNV_START, hC, lc.total * es), maxdiff, inexact, pad);
 
     free(touched);
     free(hA);

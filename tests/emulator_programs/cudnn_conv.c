@@ -37,25 +37,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK_CUDA(expr)                                                                    \
-    do {                                                                                    \
-        cudaError_t e_ = (expr);                                                            \
-        if (e_ != cudaSuccess) {                                                            \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,            \
-                    cudaGetErrorName(e_));                                                  \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#include "library_common.h"
 
-#define CHECK_DNN(expr)                                                                     \
-    do {                                                                                    \
-        cudnnStatus_t s_ = (expr);                                                          \
-        if (s_ != CUDNN_STATUS_SUCCESS) {                                                   \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,            \
-                    cudnnGetErrorString(s_));                                               \
-            exit(1);                                                                        \
-        }                                                                                   \
-    } while (0)
+#define CHECK_DNN(expr) CHECK_STATUS(cudnnStatus_t, expr, #expr, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
 
 static void status(const char *name, cudnnStatus_t s)
 {
@@ -64,32 +48,10 @@ static void status(const char *name, cudnnStatus_t s)
 
 /* ---- data --------------------------------------------------------------------------- */
 
-static uint64_t rng;
-
-static void seed(uint64_t s)
-{
-    rng = s * 0x9e3779b97f4a7c15ull + 1;
-}
-
 /* In [-2, 2), with a full 53-bit mantissa (rounded to float for single precision). */
 static double next_value(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) * 0x1.0p-51 - 2.0;
-}
-
-#define FNV_START 0xcbf29ce484222325ull
-
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
+    return next_in(2.0);
 }
 
 /* A tensor of up to 5 dimensions: logical dims, and strides in elements. */
@@ -598,6 +560,15 @@ static int output_at(const struct geom *g, const int64_t *i, const int64_t *f, i
 /* The exact reference: the documented order in T, one rounding per operation.
  * x, w, y are host buffers laid out like the device's (y: the output by role). */
 #define DEFINE_HOST_CONV(SUFFIX, T)                                                                          \
+    /* The output from the sum: alpha * acc (+ beta * old); alpha 0 reads no input, beta 0 not the output. */ \
+    static T blend_##SUFFIX(T alpha, T beta, T acc, T old)                                                   \
+    {                                                                                                        \
+        if (alpha == 0)                                                                                      \
+            return beta == 0 ? 0 : beta * old;                                                               \
+        T t = alpha * acc;                                                                                   \
+        return beta != 0 ? t + beta * old : t;                                                               \
+    }                                                                                                        \
+                                                                                                             \
     static void host_conv_##SUFFIX(const struct geom *g, T *X, T *W, T *Y, double alpha_d, double beta_d)   \
     {                                                                                                        \
         const T alpha = (T)alpha_d, beta = (T)beta_d;                                                        \
@@ -608,7 +579,7 @@ static int output_at(const struct geom *g, const int64_t *i, const int64_t *f, i
                     memset(a, 0, sizeof a);                                                                  \
                     do {                                                                                     \
                         T *out = &Y[yoff(g, n, k, a)];                                                       \
-                        T acc = 0, t;                                                                        \
+                        T acc = 0;                                                                           \
                         for (int64_t c = 0; c < g->C && alpha != 0; c++) {                                   \
                             memset(b, 0, sizeof b);                                                          \
                             do                                                                               \
@@ -616,14 +587,7 @@ static int output_at(const struct geom *g, const int64_t *i, const int64_t *f, i
                                     acc += X[xoff(g, n, c, c3)] * W[woff(g, k, c, b)];                       \
                             while (step3(b, g->filt));                                                       \
                         }                                                                                    \
-                        if (alpha == 0)                                                                      \
-                            t = beta == 0 ? 0 : beta * *out;                                                 \
-                        else {                                                                               \
-                            t = alpha * acc;                                                                 \
-                            if (beta != 0)                                                                   \
-                                t = t + beta * *out;                                                         \
-                        }                                                                                    \
-                        *out = t;                                                                            \
+                        *out = blend_##SUFFIX(alpha, beta, acc, *out);                                       \
                     } while (step3(a, g->out));                                                              \
                 }                                                                                            \
         } else if (g->kind == 1) {                                                                           \
@@ -632,7 +596,7 @@ static int output_at(const struct geom *g, const int64_t *i, const int64_t *f, i
                     memset(a, 0, sizeof a);                                                                  \
                     do {                                                                                     \
                         T *out = &X[xoff(g, n, c, a)];                                                       \
-                        T acc = 0, t;                                                                        \
+                        T acc = 0;                                                                           \
                         for (int64_t k = 0; k < g->K && alpha != 0; k++) {                                   \
                             memset(b, 0, sizeof b);                                                          \
                             do                                                                               \
@@ -640,14 +604,7 @@ static int output_at(const struct geom *g, const int64_t *i, const int64_t *f, i
                                     acc += Y[yoff(g, n, k, c3)] * W[woff(g, k, c, b)];                       \
                             while (step3(b, g->filt));                                                       \
                         }                                                                                    \
-                        if (alpha == 0)                                                                      \
-                            t = beta == 0 ? 0 : beta * *out;                                                 \
-                        else {                                                                               \
-                            t = alpha * acc;                                                                 \
-                            if (beta != 0)                                                                   \
-                                t = t + beta * *out;                                                         \
-                        }                                                                                    \
-                        *out = t;                                                                            \
+                        *out = blend_##SUFFIX(alpha, beta, acc, *out);                                       \
                     } while (step3(a, g->in));                                                               \
                 }                                                                                            \
         } else {                                                                                             \
@@ -656,7 +613,7 @@ static int output_at(const struct geom *g, const int64_t *i, const int64_t *f, i
                     memset(b, 0, sizeof b);                                                                  \
                     do {                                                                                     \
                         T *out = &W[woff(g, k, c, b)];                                                       \
-                        T acc = 0, t;                                                                        \
+                        T acc = 0;                                                                           \
                         for (int64_t n = 0; n < g->N && alpha != 0; n++) {                                   \
                             memset(a, 0, sizeof a);                                                          \
                             do                                                                               \
@@ -664,14 +621,7 @@ static int output_at(const struct geom *g, const int64_t *i, const int64_t *f, i
                                     acc += X[xoff(g, n, c, c3)] * Y[yoff(g, n, k, a)];                       \
                             while (step3(a, g->out));                                                        \
                         }                                                                                    \
-                        if (alpha == 0)                                                                      \
-                            t = beta == 0 ? 0 : beta * *out;                                                 \
-                        else {                                                                               \
-                            t = alpha * acc;                                                                 \
-                            if (beta != 0)                                                                   \
-                                t = t + beta * *out;                                                         \
-                        }                                                                                    \
-                        *out = t;                                                                            \
+                        *out = blend_##SUFFIX(alpha, beta, acc, *out);                                       \
                     } while (step3(b, g->filt));                                                             \
                 }                                                                                            \
         }                                                                                                    \

@@ -15,62 +15,31 @@
 // scalars (in device memory) and the host mode for the others, and a workspace: what a
 // recovery must give back to a new proxy.  No kernel of its own, so no nvcc and no
 // kernel twins: g++ against the CUDA runtime, NCCL and cuBLAS.  Ranks share the NCCL id
-// through --rendezvous-dir (examples/cuda_mlp/rendezvous.cpp).  Prints, as cuda_mlp does,
+// through --rendezvous-dir (examples/cuda_mlp/rendezvous.cpp); what dnn_train.cpp does the same way (the job,
+// the streams, the inputs, the checksum) is in train_common.h.  Prints, as cuda_mlp does,
 //   [rank R] final parameters checksum <FNV-1a 64 of W>
 // and exits 1 at any failed call.
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
-#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
-#include "rendezvous.h"
+#define TRAIN_PROGRAM "blas_train"
+#include "train_common.h"
+
+#define BLAS(x) do { cublasStatus_t s_ = (x); check(s_ == CUBLAS_STATUS_SUCCESS, #x, __LINE__, cublasGetStatusName(s_)); } while (0)
 
 namespace {
 
+using namespace train;
+
 constexpr int kIn = 24, kOut = 8, kBatch = 16;
-
-void check(bool ok, const char *what, int line, const char *detail)
-{
-    if (!ok) {
-        std::fprintf(stderr, "blas_train: line %d: %s failed: %s\n", line, what, detail);
-        std::exit(1);
-    }
-}
-#define CUDA(x) do { cudaError_t e_ = (x); check(e_ == cudaSuccess, #x, __LINE__, cudaGetErrorName(e_)); } while (0)
-#define BLAS(x) do { cublasStatus_t s_ = (x); check(s_ == CUBLAS_STATUS_SUCCESS, #x, __LINE__, cublasGetStatusName(s_)); } while (0)
-#define NCCL(x) do { ncclResult_t r_ = (x); check(r_ == ncclSuccess, #x, __LINE__, ncclGetErrorString(r_)); } while (0)
-
-uint64_t mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-float uniform(uint64_t key)  // in [-1, 1)
-{
-    return (float)((double)(mix(key) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-}
-
-uint64_t fnv1a64(const void *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= ((const unsigned char *)p)[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
 
 // err = W x + b - y as PyTorch's addmm does it through cuBLASLt (everything created per call).
 void lt_forward(cublasLtHandle_t lt, const float *w, const float *x, const float *b, float *err, void *workspace,
@@ -115,47 +84,16 @@ void lt_forward(cublasLtHandle_t lt, const float *w, const float *x, const float
 
 int main(int argc, char **argv)
 {
-    int steps = 13, lt = std::getenv("BLAS_TRAIN_LT") ? std::atoi(std::getenv("BLAS_TRAIN_LT")) : 0;
-    std::string dir;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!std::strcmp(argv[i], "--steps"))
-            steps = std::atoi(argv[i + 1]);
-        else if (!std::strcmp(argv[i], "--lt"))
-            lt = std::atoi(argv[i + 1]);
-        else if (!std::strcmp(argv[i], "--rendezvous-dir"))
-            dir = argv[i + 1];
-    }
-    const int rank = std::getenv("RANK") ? std::atoi(std::getenv("RANK")) : 0;
-    const int world = std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1;
-    const int local = std::getenv("LOCAL_RANK") ? std::atoi(std::getenv("LOCAL_RANK")) : 0;
-    int ndev = 0;
-    CUDA(cudaGetDeviceCount(&ndev));
-    CUDA(cudaSetDevice(local % ndev));
-
-    RendezvousConfig rc;
-    rc.rank = rank;
-    rc.world = world;
-    rc.dir = dir;
-    rc.job_key = job_key_from_env(world, &rc.job_desc);
-    ncclUniqueId id;
-    std::memset(&id, 0, sizeof id);
-    if (rank == 0)
-        NCCL(ncclGetUniqueId(&id));
-    try {
-        share_unique_id(rc, &id);
-    } catch (const RendezvousError &e) {
-        check(false, "the NCCL id rendezvous", __LINE__, e.what());
-    }
-    ncclComm_t comm;
-    NCCL(ncclCommInitRank(&comm, world, id, rank));
-    rendezvous_cleanup(rc);
-
-    cudaStream_t compute, nccl_stream;
-    CUDA(cudaStreamCreate(&compute));
-    CUDA(cudaStreamCreate(&nccl_stream));
-    cudaEvent_t grads_ready, reduced;
-    CUDA(cudaEventCreateWithFlags(&grads_ready, cudaEventDisableTiming));
-    CUDA(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
+    int lt = env_int("BLAS_TRAIN_LT", 0);
+    const Options opt = parse_options(argc, argv, [&](const char *name, const char *value) {
+        if (!std::strcmp(name, "--lt"))
+            lt = std::atoi(value);
+    });
+    const int steps = opt.steps;
+    const Job job = join(opt.rendezvous_dir);
+    const int rank = job.rank, world = job.world;
+    const Streams streams = make_streams();
+    cudaStream_t compute = streams.compute;
 
     std::vector<float> w(kOut * kIn), ident(kOut * kOut, 0.0f), batch((kIn + kOut) * kBatch);
     for (int i = 0; i < kOut * kIn; i++)
@@ -188,9 +126,7 @@ int main(int argc, char **argv)
     BLAS(cublasSetWorkspace(blas, d_workspace, 1 << 16));
     BLAS(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));
 
-    using PhaseFn = void (*)();
-    const auto optimizer_begin = reinterpret_cast<PhaseFn>(dlsym(RTLD_DEFAULT, "jitckpt_phase_optimizer_begin"));
-    const auto optimizer_end = reinterpret_cast<PhaseFn>(dlsym(RTLD_DEFAULT, "jitckpt_phase_optimizer_end"));
+    const OptimizerPhase optimizer;
     const float one = 1.0f, minus_one = -1.0f, inv_b = 1.0f / kBatch, zero = 0.0f;
     for (int step = 1; step <= steps; step++) {
         // this rank's batch: x in [-1, 1), y = a fixed linear map of x plus noise
@@ -215,26 +151,22 @@ int main(int argc, char **argv)
                              &minus_one, d_err, kOut));
         BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, kOut, kIn, kBatch, &inv_b, d_err, kOut, d_x, kIn, &zero,
                          d_g, kOut));
-        CUDA(cudaEventRecord(grads_ready, compute));
-        CUDA(cudaStreamWaitEvent(nccl_stream, grads_ready, 0));
-        NCCL(ncclAllReduce(d_g, d_g, kOut * kIn, ncclFloat32, ncclSum, comm, nccl_stream));
-        CUDA(cudaEventRecord(reduced, nccl_stream));
-        CUDA(cudaStreamWaitEvent(compute, reduced, 0));
-        if (optimizer_begin)
-            optimizer_begin();
+        on_nccl_stream(streams, [&](cudaStream_t s) {
+            NCCL(ncclAllReduce(d_g, d_g, kOut * kIn, ncclFloat32, ncclSum, job.comm, s));
+        });
+        optimizer.begin();
         BLAS(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_DEVICE));
         BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kOut, kIn, kOut, d_scalars, d_ident, kOut, d_g, kOut,
                          d_scalars + 1, d_w, kOut));
         BLAS(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
-        if (optimizer_end)
-            optimizer_end();  // minibatch `step` ends, step + 1 begins
+        optimizer.end();  // minibatch `step` ends, step + 1 begins
         if (rank == 0 && step % 5 == 0)
             std::printf("[rank 0] step %d\n", step);
     }
     CUDA(cudaStreamSynchronize(compute));
     CUDA(cudaMemcpy(w.data(), d_w, w.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    std::printf("[rank %d] final parameters checksum %016" PRIx64 "\n", rank, fnv1a64(w.data(), w.size() * sizeof(float)));
+    print_checksum(rank, fnv1a64(w.data(), w.size() * sizeof(float)));
     BLAS(cublasDestroy(blas));
-    NCCL(ncclCommDestroy(comm));
+    NCCL(ncclCommDestroy(job.comm));
     return 0;
 }

@@ -16,64 +16,32 @@
 // The three execution plans are built in the first minibatch and kept (PyTorch's plan cache): the chain
 // tensors -> convolution -> operation -> operation graph -> heuristics -> engine configs -> plan; every
 // execution makes, finalizes and destroys its variant pack.  No kernel of its own: g++ against the
-// CUDA runtime, NCCL, cuBLAS and cuDNN.  Prints, as blas_train does,
+// CUDA runtime, NCCL, cuBLAS and cuDNN; the job, the streams, the inputs and the checksum as blas_train.cpp's
+// (train_common.h).  Prints, as blas_train does,
 //   [rank R] final parameters checksum <FNV-1a 64 of P and the running statistics>
 // and exits 1 at any failed call.
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
-#include <cinttypes>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 #include <vector>
 
-#include "rendezvous.h"
+#define TRAIN_PROGRAM "dnn_train"
+#include "train_common.h"
+
+#define BLAS(x) do { cublasStatus_t s_ = (x); check(s_ == CUBLAS_STATUS_SUCCESS, #x, __LINE__, "cuBLAS error"); } while (0)
+#define DNN(x) do { cudnnStatus_t d_ = (x); check(d_ == CUDNN_STATUS_SUCCESS, #x, __LINE__, cudnnGetErrorString(d_)); } while (0)
 
 namespace {
+
+using namespace train;
 
 constexpr int kB = 4, kC = 2, kK = 3, kH = 6, kW = 6, kR = 3;
 constexpr int kX = kB * kC * kH * kW, kY = kB * kK * kH * kW, kFilter = kK * kC * kR * kR;
 constexpr int kParams = kFilter + 2 * kC;  // W, gamma, beta
-
-void check(bool ok, const char *what, int line, const char *detail)
-{
-    if (!ok) {
-        std::fprintf(stderr, "dnn_train: line %d: %s failed: %s\n", line, what, detail);
-        std::exit(1);
-    }
-}
-#define CUDA(x) do { cudaError_t e_ = (x); check(e_ == cudaSuccess, #x, __LINE__, cudaGetErrorName(e_)); } while (0)
-#define BLAS(x) do { cublasStatus_t s_ = (x); check(s_ == CUBLAS_STATUS_SUCCESS, #x, __LINE__, "cuBLAS error"); } while (0)
-#define NCCL(x) do { ncclResult_t r_ = (x); check(r_ == ncclSuccess, #x, __LINE__, ncclGetErrorString(r_)); } while (0)
-#define DNN(x) do { cudnnStatus_t d_ = (x); check(d_ == CUDNN_STATUS_SUCCESS, #x, __LINE__, cudnnGetErrorString(d_)); } while (0)
-
-uint64_t mix(uint64_t z)
-{
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-float uniform(uint64_t key)  // in [-1, 1)
-{
-    return (float)((double)(mix(key) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-}
-
-uint64_t fnv1a64(const void *p, size_t n, uint64_t h = 1469598103934665603ull)
-{
-    for (size_t i = 0; i < n; i++) {
-        h ^= ((const unsigned char *)p)[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
 
 using Desc = cudnnBackendDescriptor_t;
 
@@ -223,47 +191,14 @@ cudnnTensorDescriptor_t tensor4d(int n, int c, int h, int w)
 
 int main(int argc, char **argv)
 {
-    int steps = 13;
     // DNN_TRAIN_RUNNING=1: BatchNorm keeps running statistics (updated in place in the forward pass)
-    const int running = std::getenv("DNN_TRAIN_RUNNING") ? std::atoi(std::getenv("DNN_TRAIN_RUNNING")) : 0;
-    std::string dir;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!std::strcmp(argv[i], "--steps"))
-            steps = std::atoi(argv[i + 1]);
-        else if (!std::strcmp(argv[i], "--rendezvous-dir"))
-            dir = argv[i + 1];
-    }
-    const int rank = std::getenv("RANK") ? std::atoi(std::getenv("RANK")) : 0;
-    const int world = std::getenv("WORLD_SIZE") ? std::atoi(std::getenv("WORLD_SIZE")) : 1;
-    const int local = std::getenv("LOCAL_RANK") ? std::atoi(std::getenv("LOCAL_RANK")) : 0;
-    int ndev = 0;
-    CUDA(cudaGetDeviceCount(&ndev));
-    CUDA(cudaSetDevice(local % ndev));
-
-    RendezvousConfig rc;
-    rc.rank = rank;
-    rc.world = world;
-    rc.dir = dir;
-    rc.job_key = job_key_from_env(world, &rc.job_desc);
-    ncclUniqueId id;
-    std::memset(&id, 0, sizeof id);
-    if (rank == 0)
-        NCCL(ncclGetUniqueId(&id));
-    try {
-        share_unique_id(rc, &id);
-    } catch (const RendezvousError &e) {
-        check(false, "the NCCL id rendezvous", __LINE__, e.what());
-    }
-    ncclComm_t comm;
-    NCCL(ncclCommInitRank(&comm, world, id, rank));
-    rendezvous_cleanup(rc);
-
-    cudaStream_t compute, nccl_stream;
-    CUDA(cudaStreamCreate(&compute));
-    CUDA(cudaStreamCreate(&nccl_stream));
-    cudaEvent_t grads_ready, reduced;
-    CUDA(cudaEventCreateWithFlags(&grads_ready, cudaEventDisableTiming));
-    CUDA(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
+    const int running = env_int("DNN_TRAIN_RUNNING", 0);
+    const Options opt = parse_options(argc, argv);
+    const int steps = opt.steps;
+    const Job job = join(opt.rendezvous_dir);
+    const int rank = job.rank, world = job.world;
+    const Streams streams = make_streams();
+    cudaStream_t compute = streams.compute;
 
     // P = W, gamma, beta (the same on every rank); the running statistics start at 0 and 1 (each rank updates
     // its own from its batch, then takes rank 0's)
@@ -300,9 +235,7 @@ int main(int argc, char **argv)
     cudnnHandle_t dnn;
     DNN(cudnnCreate(&dnn));
 
-    using PhaseFn = void (*)();
-    const auto optimizer_begin = reinterpret_cast<PhaseFn>(dlsym(RTLD_DEFAULT, "jitckpt_phase_optimizer_begin"));
-    const auto optimizer_end = reinterpret_cast<PhaseFn>(dlsym(RTLD_DEFAULT, "jitckpt_phase_optimizer_end"));
+    const OptimizerPhase optimizer;
     Plan forward, filter, data;
     for (int step = 1; step <= steps; step++) {
         // this rank's batch: x in [-1, 1), y = a fixed function of x plus noise
@@ -336,11 +269,9 @@ int main(int argc, char **argv)
         DNN(cudnnDestroyTensorDescriptor(bnd));
         DNN(cudnnDestroyTensorDescriptor(xd));
         // every rank takes rank 0's running statistics (DDP broadcasts its buffers): the same on every rank
-        CUDA(cudaEventRecord(grads_ready, compute));
-        CUDA(cudaStreamWaitEvent(nccl_stream, grads_ready, 0));
-        NCCL(ncclBroadcast(d_stats, d_stats, 2 * kC, ncclFloat32, 0, comm, nccl_stream));
-        CUDA(cudaEventRecord(reduced, nccl_stream));
-        CUDA(cudaStreamWaitEvent(compute, reduced, 0));
+        on_nccl_stream(streams, [&](cudaStream_t s) {
+            NCCL(ncclBroadcast(d_stats, d_stats, 2 * kC, ncclFloat32, 0, job.comm, s));
+        });
 
         CUDA(cudaMemcpyAsync(d_err, d_y, kY * sizeof(float), cudaMemcpyDeviceToDevice, compute));
         run(dnn, forward, d_h, d_w, d_err, d_workspace);          // err = conv(h, W) - y
@@ -356,17 +287,13 @@ int main(int argc, char **argv)
         DNN(cudnnDestroyTensorDescriptor(bnd));
         DNN(cudnnDestroyTensorDescriptor(xd));
 
-        CUDA(cudaEventRecord(grads_ready, compute));
-        CUDA(cudaStreamWaitEvent(nccl_stream, grads_ready, 0));
-        NCCL(ncclAllReduce(d_g, d_g, kParams, ncclFloat32, ncclSum, comm, nccl_stream));
-        CUDA(cudaEventRecord(reduced, nccl_stream));
-        CUDA(cudaStreamWaitEvent(compute, reduced, 0));
-        if (optimizer_begin)
-            optimizer_begin();
+        on_nccl_stream(streams, [&](cudaStream_t s) {
+            NCCL(ncclAllReduce(d_g, d_g, kParams, ncclFloat32, ncclSum, job.comm, s));
+        });
+        optimizer.begin();
         BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kParams, 1, 1, &step_size, d_g, kParams, d_one, 1, &one,
                          d_p, kParams));
-        if (optimizer_end)
-            optimizer_end();  // minibatch `step` ends, step + 1 begins
+        optimizer.end();  // minibatch `step` ends, step + 1 begins
         if (rank == 0 && step % 5 == 0)
             std::printf("[rank 0] step %d\n", step);
     }
@@ -375,9 +302,9 @@ int main(int argc, char **argv)
     CUDA(cudaMemcpy(stats.data(), d_stats, 2 * kC * sizeof(float), cudaMemcpyDeviceToHost));
     const uint64_t sum = fnv1a64(stats.data(), stats.size() * sizeof(float),
                                  fnv1a64(params.data(), params.size() * sizeof(float)));
-    std::printf("[rank %d] final parameters checksum %016" PRIx64 "\n", rank, sum);
+    print_checksum(rank, sum);
     DNN(cudnnDestroy(dnn));
     BLAS(cublasDestroy(blas));
-    NCCL(ncclCommDestroy(comm));
+    NCCL(ncclCommDestroy(job.comm));
     return 0;
 }
