@@ -17,28 +17,11 @@
 
 #include "internal.h"
 
-struct status_entry {
-    int value;
-    const char *name;
-    const char *description;
-};
-
-static const struct status_entry statuses[] = {
 #include "cudnn_status.inc"
-};
-
-static const struct status_entry *find_status(cudnnStatus_t status)
-{
-    for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
-        if (statuses[i].value == (int)status)
-            return &statuses[i];
-    return NULL;
-}
 
 const char *CUDNNWINAPI cudnnGetErrorString(cudnnStatus_t status)
 {
-    const struct status_entry *e = find_status(status);
-    return e ? e->name : "CUDNN_UNKNOWN_STATUS_FOUND";
+    return status_name(status);
 }
 
 static __thread char last_error[512];
@@ -59,9 +42,7 @@ cudnnStatus_t dnn_report(cudnnStatus_t status, const char *api, const char *fmt,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    const struct status_entry *e = find_status(status);
-    snprintf(last_error, sizeof last_error, "%s: %s (%s)", api, msg,
-             e ? e->name : "CUDNN_UNKNOWN_STATUS_FOUND");
-    jitckpt_simdev_log("cuDNN %s: %s (%s)", api, msg, e ? e->name : "CUDNN_UNKNOWN_STATUS_FOUND");
+    snprintf(last_error, sizeof last_error, "%s: %s (%s)", api, msg, status_name(status));
+    jitckpt_simdev_log("cuDNN %s: %s (%s)", api, msg, status_name(status));
     return status;
 }
