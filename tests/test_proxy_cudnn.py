@@ -48,6 +48,23 @@ def conv_program(proxy, tmp_path_factory) -> Path:  # noqa: F811
     return out
 
 
+HOST_MEMORY = re.compile(r"^STATUS execute_host_memory (\d+)$", re.M)
+HOST_MEMORY_REFUSAL = re.compile(r".*this call of cudnnBackendExecute is not supported in transparent mode.*host "
+                                 r"memory.*\n")
+
+
+def assert_same_output(want: subprocess.CompletedProcess, got: subprocess.CompletedProcess) -> None:
+    """The same bytes, but for one documented difference: an execution whose variant pack names host memory
+    is refused in transparent mode (the proxy cannot read the worker's memory; cuDNN would read the host
+    address as a tensor given by value), CUDNN_STATUS_NOT_SUPPORTED with the reason on stderr, where the
+    emulator's cuDNN answers BAD_PARAM."""
+    direct_status = HOST_MEMORY.findall(want.stdout)
+    if direct_status:
+        assert HOST_MEMORY.findall(got.stdout) == ["3000"] * len(direct_status), show(got)
+        assert "a variant pack names host memory" in got.stderr, got.stderr
+    assert HOST_MEMORY.sub("", got.stdout) == HOST_MEMORY.sub("", want.stdout), show(got)
+
+
 def defined(lib: Path) -> dict[str, str]:
     out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True, check=True).stdout
     return {line.split()[2].split("@")[0]: line.split()[2] for line in out.splitlines() if len(line.split()) == 3}
@@ -74,8 +91,8 @@ def test_every_cudnn_case_and_error_prints_the_same_through_the_proxy(conv_progr
     assert want.returncode == 0 and "DONE" in want.stdout, show(want)
     got = remote(conv_program, what, tmp_path=tmp_path)
     assert got.returncode == 0, show(got)
-    assert got.stdout == want.stdout, show(got)
-    assert "is not supported in transparent mode" not in got.stderr, got.stderr
+    assert_same_output(want, got)
+    assert "is not supported in transparent mode" not in HOST_MEMORY_REFUSAL.sub("", got.stderr), got.stderr
     if what == "conv":
         assert want.stdout.count("CASE ") >= 20 and " exact=0 pad=0" in want.stdout
     if what == "errors":
@@ -91,9 +108,10 @@ def test_a_proxy_restart_re_creates_the_cudnn_handles_and_descriptors(conv_progr
     plans, the engine configurations the heuristics filled); the program prints the same bytes."""
     want = direct(conv_program, "all")
     got = remote(conv_program, "all", tmp_path=tmp_path, extra={"JITCKPT_REMOTE_RESTART_AT": str(call)})
-    assert got.returncode == 0 and got.stdout == want.stdout, show(got)
+    assert got.returncode == 0, show(got)
+    assert_same_output(want, got)
     assert "device proxy restarted (driver suspect)" in got.stderr, got.stderr
-    assert "is not supported in transparent mode" not in got.stderr, got.stderr
+    assert "is not supported in transparent mode" not in HOST_MEMORY_REFUSAL.sub("", got.stderr), got.stderr
 
 
 def test_jit_run_transparent_forwards_cudnn_and_doctor_says_so(conv_program):
@@ -143,10 +161,15 @@ def dnn_reference(dnn_train: Path, tmp_path: Path) -> str:
 
 
 @REQUIRES_CUBLAS_HEADER
-@pytest.mark.parametrize("fault,rank", [("hang", 1), ("sticky", 2)])
-def test_a_cudnn_program_is_recovered_underneath_bit_exact(dnn_train, tmp_path, fault, rank):
+@pytest.mark.parametrize("fault,rank,rebuild", [("hang", 1, "0"), ("sticky", 2, "0"), ("hang", 1, "1"),
+                                                ("sticky", 2, "1")])
+def test_a_cudnn_program_is_recovered_underneath_bit_exact(dnn_train, tmp_path, fault, rank, rebuild):
+    """With DNN_TRAIN_REBUILD=1 every minibatch builds its plans and destroys them after use, and makes one
+    failed execution it ignores: a replay still finds the plans (their destroys wait until the call log no
+    longer holds the minibatch) and skips the failed call."""
     reference = dnn_reference(dnn_train, tmp_path)
-    proc = torchrun(dnn_train, tmp_path, True, {"JITCKPT_SIMDEV_FAULT": f"rank={rank},op=ncclAllReduce,call=9,kind={fault}"})
+    proc = torchrun(dnn_train, tmp_path, True, {"JITCKPT_SIMDEV_FAULT": f"rank={rank},op=ncclAllReduce,call=9,kind={fault}",
+                                                "DNN_TRAIN_REBUILD": rebuild})
     out = assert_recovered(proc, reference, minibatch=7)
     # validation ran at minibatch 5 and found the replay (its cuDNN calls included) faithful on every rank
     assert len(re.findall(r"replay validation at minibatch 5: the replay of \d+ calls reproduces", out)) == 3, out[-4000:]

@@ -55,6 +55,7 @@ static size_t len, allocated, cap;
 static int enabled = -1;              /* -1: not configured yet */
 static int trace;
 static uint64_t minibatch, calls, input_bytes, total_calls;
+static int64_t last_off = -1;     /* the last record's offset (calllog_unlog_last), -1: none */
 static int64_t optimizer_call = -1;
 static uint64_t optimizer_bytes;
 static struct seg segs[MAX_SEGS] = {{0, 0, 0, "it holds the program's set-up"}};
@@ -193,6 +194,7 @@ void remote_log_call(struct rcall *c, uint32_t flags)
         allocated = n;
     }
     unsigned char *at = buf + len;
+    last_off = (int64_t)len;
     memcpy(at, &r, sizeof r);
     memcpy(at + sizeof r, c->w->req, c->req);
     at += sizeof r + c->req;
@@ -215,6 +217,21 @@ out:
 }
 
 /* ---- what recovery reads (recover.c; under the call lock) --------------------------- */
+
+/* The program's last call, just logged, failed without touching the device (a cuBLAS or cuDNN call that
+ * returned an error): a replay skips it (it would fail again, and stop the recovery).  Under the call lock,
+ * before the next call is logged. */
+void calllog_unlog_last(void)
+{
+    pthread_mutex_lock(&log_lock);
+    if (enabled > 0 && last_off >= 0 && (size_t)last_off + sizeof(struct lrec) <= len) {
+        struct lrec r;
+        memcpy(&r, buf + last_off, sizeof r);
+        r.flags |= LOG_SKIP;
+        memcpy(buf + last_off, &r, sizeof r);
+    }
+    pthread_mutex_unlock(&log_lock);
+}
 
 uint64_t calllog_minibatch(void) { return minibatch; }
 
@@ -268,6 +285,7 @@ void calllog_drop_until(uint64_t done)
         uint64_t off = segs[k].off;
         memmove(buf, buf + off, len - off);
         len -= off;
+        last_off = last_off >= (int64_t)off ? last_off - (int64_t)off : -1;
         for (int i = k; i < nsegs; i++) {
             segs[i - k] = segs[i];
             segs[i - k].off -= off;
@@ -281,6 +299,7 @@ void calllog_skip_current(uint64_t new_minibatch)
 {
     pthread_mutex_lock(&log_lock);
     len = 0;
+    last_off = -1;
     calls = input_bytes = 0;
     optimizer_call = -1;
     optimizer_bytes = 0;
@@ -367,6 +386,7 @@ EXPORT void jitckpt_phase_optimizer_end(void)
         size_t off = segs[1].off;
         memmove(buf, buf + off, len - off);
         len -= off;
+        last_off = last_off >= (int64_t)off ? last_off - (int64_t)off : -1;
         for (int i = 1; i < nsegs; i++) {
             segs[i - 1] = segs[i];
             segs[i - 1].off -= off;
@@ -376,6 +396,7 @@ EXPORT void jitckpt_phase_optimizer_end(void)
     segs[nsegs++] = (struct seg){minibatch, len, 0, NULL};
     if (!remote_recovery_enabled()) {   /* nothing replays: keep only the new minibatch, as cleared */
         len = 0;
+        last_off = -1;
         segs[0] = (struct seg){minibatch, 0, 0, NULL};
         nsegs = 1;
     }

@@ -39,6 +39,7 @@
 /* remote_stubs.c, generated from cudnn_graph.h: the size of one element of each attribute type */
 extern const size_t jitckpt_dnn_type_bytes[];
 extern const unsigned jitckpt_dnn_type_count;
+extern const int jitckpt_dnn_last_data_type;     /* (the largest cudnnDataType_t the header declares) */
 
 #define MAX_ATTR_BYTES (16u * 1024u)      /* the most attribute bytes one call carries */
 /* A variant pack's question to the proxy (pack_ask) travels under the id of cudnnBackendInitialize, which
@@ -104,9 +105,18 @@ int remote_dnn_get_stream(cudnnHandle_t h, cudaStream_t *stream)
     return CUDNN_STATUS_SUCCESS;
 }
 
+static size_t n_pend;               /* destroys deferred while a replay may need the descriptor (below) */
+static void flush_destroys(void);
+
 /* calllog.c, after a minibatch boundary: each handle's stream opens the new minibatch's log. */
 void remote_dnn_minibatch_begins(void)
 {
+    if (n_pend > 0) {
+        struct rcall c;
+        if (remote_begin_quiet(&c, RFN_cudnnBackendDestroyDescriptor) == 0)
+            flush_destroys();
+        remote_end(&c);
+    }
     if (n_handles == 0 || !remote_recovery_enabled())
         return;
     for (size_t i = 0; i < n_handles; i++) {
@@ -203,7 +213,7 @@ static cudnnStatus_t set_nd(cudnnTensorDescriptor_t desc, cudnnDataType_t type, 
                             const int *strides)
 {
     struct dnn_tensor *t = tensor_of(desc);
-    if (t == NULL || (int)type < 0 || (int)type > 63)
+    if (t == NULL || (int)type < 0 || (int)type > jitckpt_dnn_last_data_type)
         return CUDNN_STATUS_BAD_PARAM;
     if (nb < 4 || nb > JITCKPT_DNN_DIM_MAX)
         return CUDNN_STATUS_NOT_SUPPORTED;
@@ -380,10 +390,14 @@ static size_t type_bytes(cudnnBackendAttributeType_t type)
     return (unsigned)type < jitckpt_dnn_type_count ? jitckpt_dnn_type_bytes[type] : 0;
 }
 
-/* The bytes an attribute array of `count` elements of `type` takes on the wire (0 when not sizeable). */
+/* The bytes an attribute array of `count` elements of `type` takes on the wire (0 when not sizeable; more
+ * than MAX_ATTR_BYTES, without overflowing, when too large). */
 static size_t array_bytes(cudnnBackendAttributeType_t type, int64_t count)
 {
-    return count > 0 ? (size_t)count * type_bytes(type) : 0;
+    size_t size = type_bytes(type);
+    if (count <= 0 || size == 0)
+        return 0;
+    return (uint64_t)count > MAX_ATTR_BYTES / size ? MAX_ATTR_BYTES + 1 : (size_t)count * size;
 }
 
 static void pack_free(struct dnn_pack *k)
@@ -466,15 +480,40 @@ static cudnnStatus_t pack_ask(struct dnn_pack *k, uint32_t op, uint32_t name, ui
     return ret;
 }
 
+/* The attributes answered here, and their type (the others, intermediates and shape overrides among them,
+ * go to the proxy's cuDNN, which keeps the last word). */
 static int pack_attribute_type(uint32_t name, uint32_t *type)
 {
     switch (name) {
     case CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS: *type = CUDNN_TYPE_INT64; return 1;
     case CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS:
-    case CUDNN_ATTR_VARIANT_PACK_INTERMEDIATES:
     case CUDNN_ATTR_VARIANT_PACK_WORKSPACE: *type = CUDNN_TYPE_VOID_PTR; return 1;
     default: return 0;
     }
+}
+
+/* Why an execution with this pack cannot be forwarded, or NULL: a data pointer (or the workspace) in the
+ * worker's host memory (what cudnn_frontend passes for a tensor given by value, such as attention's scale),
+ * which the proxy cannot read; or a pointer-valued attribute only the worker's memory gives a meaning to
+ * (shape overrides).  Device memory and NULL cross as they are. */
+static const char *pack_host_pointer(const struct dnn_pack *k)
+{
+    for (size_t i = 0; k && i < k->n; i++) {
+        const struct pack_set *e = &k->sets[i];
+        if (e->type != CUDNN_TYPE_VOID_PTR)
+            continue;
+        if (e->name != CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS && e->name != CUDNN_ATTR_VARIANT_PACK_WORKSPACE &&
+            e->name != CUDNN_ATTR_VARIANT_PACK_INTERMEDIATES)
+            return "a variant pack with shape overrides (pointers into the worker's memory) is not forwarded";
+        for (size_t j = 0; j + sizeof(void *) <= e->len; j += sizeof(void *)) {
+            void *p;
+            memcpy(&p, e->bytes + j, sizeof p);
+            if (p && !remote_is_device_ptr(p))
+                return "a variant pack names host memory (a tensor passed by value, such as attention's scale), "
+                       "which the device proxy cannot read";
+        }
+    }
+    return NULL;
 }
 
 static const struct pack_set *pack_find(const struct dnn_pack *k, uint32_t name)
@@ -489,10 +528,14 @@ static cudnnStatus_t pack_set(struct dnn_pack *k, cudnnBackendAttributeName_t na
                               int64_t count, const void *array)
 {
     uint32_t want;
-    size_t len = array_bytes(type, count);
+    size_t len = array ? array_bytes(type, count) : 0;
     if (k->finalized || !pack_attribute_type(name, &want) || want != type || count < 0 || (count > 0 && !array) ||
-        count > JITCKPT_DNN_PACK_MAX || (name == CUDNN_ATTR_VARIANT_PACK_WORKSPACE && count != 1))
-        return pack_ask(k, JITCKPT_DNN_PACK_SET, name, type, count, array, NULL, NULL);
+        count > JITCKPT_DNN_PACK_MAX || (name == CUDNN_ATTR_VARIANT_PACK_WORKSPACE && count != 1)) {
+        /* the proxy's cuDNN judges; a set it accepts is kept, as any other */
+        cudnnStatus_t st = pack_ask(k, JITCKPT_DNN_PACK_SET, name, type, count, array, NULL, NULL);
+        if (st != CUDNN_STATUS_SUCCESS || k->finalized)
+            return st;
+    }
     unsigned char *copy = len ? malloc(len) : NULL;
     if ((len && copy == NULL) || grow((void **)&k->sets, &k->cap, k->n, sizeof *k->sets)) {
         free(copy);
@@ -548,39 +591,121 @@ static int remember(int op, uint64_t vid, uint32_t name, uint32_t type, int64_t 
     return 0;
 }
 
-/* 1 if a record about another descriptor names vid (as an attribute's value, or as a descriptor filled),
- * or vid filled descriptors (engine heuristics: a new proxy fills the engine configurations through it). */
-static int referenced(uint64_t vid)
+/* ---- pruning: what a new proxy must still be given ---------------------------------------------
+ *
+ * After a destroy, the history keeps only the descriptors a live one needs: the live ones, what their
+ * attributes name (recursively), and for a descriptor filled by a get (an engine configuration from the
+ * heuristics) the descriptor that filled it and every other descriptor that same get filled, with their own
+ * needs.  Everything else, a whole destroyed plan with its graph and heuristics, leaves the history. */
+
+static int cmp_u64(const void *a, const void *b)
 {
-    for (size_t i = 0; i < n_hist; i++) {
-        const struct hrec *r = &hist[i];
-        if (r->vid == vid && r->op == H_FILL)
-            return 1;
-        if (r->vid == vid || !((r->op == H_SET && (r->type == CUDNN_TYPE_BACKEND_DESCRIPTOR)) || r->op == H_FILL))
-            continue;
-        for (size_t j = 0; j + 8 <= r->len; j += 8) {
-            uint64_t v;
-            memcpy(&v, r->bytes + j, 8);
-            if (v == vid)
-                return 1;
-        }
-    }
-    return 0;
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
 }
 
-/* A destroyed descriptor nothing refers to: its records go (a restart need not make it). */
-static void forget(uint64_t vid)
+static long find_id(const uint64_t *ids, size_t n, uint64_t vid)
 {
-    if (referenced(vid))
-        return;
+    const uint64_t *p = bsearch(&vid, ids, n, sizeof *ids, cmp_u64);
+    return p ? (long)(p - ids) : -1;
+}
+
+/* Marks every descriptor a record names in its elements (H_SET of descriptors, H_FILL's targets); 1 if any
+ * was newly marked. */
+static int mark_elements(const struct hrec *r, const uint64_t *ids, size_t n, unsigned char *mark)
+{
+    int changed = 0;
+    for (size_t j = 0; j + 8 <= r->len; j += 8) {
+        uint64_t v;
+        memcpy(&v, r->bytes + j, 8);
+        long k = find_id(ids, n, v);
+        if (k >= 0 && !mark[k])
+            mark[k] = changed = 1;
+    }
+    return changed;
+}
+
+static void prune(void)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < n_hist; i++)
+        n += hist[i].op == H_CREATE;
+    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    unsigned char *mark = calloc(n ? n : 1, 1);
+    if (ids == NULL || mark == NULL) {
+        free(ids);
+        free(mark);
+        return;                       /* (kept whole: correct, only larger) */
+    }
+    n = 0;
+    for (size_t i = 0; i < n_hist; i++)
+        if (hist[i].op == H_CREATE)
+            ids[n++] = hist[i].vid;
+    qsort(ids, n, sizeof *ids, cmp_u64);
+    memset(mark, 1, n);               /* the live ones are the roots */
+    for (size_t i = 0; i < n_hist; i++) {
+        long k = hist[i].op == H_DESTROY ? find_id(ids, n, hist[i].vid) : -1;
+        if (k >= 0)
+            mark[k] = 0;
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (size_t i = 0; i < n_hist; i++) {
+            const struct hrec *r = &hist[i];
+            long owner = find_id(ids, n, r->vid);
+            if (owner < 0)
+                continue;
+            if (r->op == H_SET && r->type == CUDNN_TYPE_BACKEND_DESCRIPTOR && mark[owner])
+                changed |= mark_elements(r, ids, n, mark);
+            else if (r->op == H_FILL) {
+                int needed = mark[owner];
+                for (size_t j = 0; !needed && j + 8 <= r->len; j += 8) {
+                    uint64_t v;
+                    memcpy(&v, r->bytes + j, 8);
+                    long t = find_id(ids, n, v);
+                    needed = t >= 0 && mark[t];
+                }
+                if (needed) {
+                    if (!mark[owner])
+                        mark[owner] = changed = 1;
+                    changed |= mark_elements(r, ids, n, mark);
+                }
+            }
+        }
+    }
     size_t k = 0;
     for (size_t i = 0; i < n_hist; i++) {
-        if (hist[i].vid == vid)
-            free(hist[i].bytes);
-        else
+        long owner = find_id(ids, n, hist[i].vid);
+        if (owner >= 0 && mark[owner])
             hist[k++] = hist[i];
+        else
+            free(hist[i].bytes);
     }
     n_hist = k;
+    free(ids);
+    free(mark);
+}
+
+/* ---- destroys deferred while the call log may replay an execution of the descriptor -------------
+ *
+ * A replay re-runs the executions of the minibatches the device has not completed; a plan the program
+ * destroyed in the meantime (PyTorch's trial plans, an evicted cache entry) must still be there.  So while
+ * recovery is on, destroying a backend descriptor only queues it; it is destroyed (and leaves the history)
+ * once the call log no longer holds the minibatch it was destroyed in.  Under the call lock. */
+struct pending { uint64_t vid, minibatch; };
+static struct pending *pend;
+static size_t cap_pend;
+
+static int is_live(uint64_t vid)
+{
+    int live = 0;
+    for (size_t i = 0; i < n_hist; i++)
+        if (hist[i].vid == vid)
+            live = hist[i].op == H_CREATE ? 1 : hist[i].op == H_DESTROY ? 0 : live;
+    for (size_t i = 0; live && i < n_pend; i++)
+        if (pend[i].vid == vid)
+            live = 0;
+    return live;
 }
 
 /* The requests, built the same way for the program's call and for a restart's replay. */
@@ -621,6 +746,16 @@ EXPORT cudnnStatus_t cudnnBackendCreateDescriptor(cudnnBackendDescriptorType_t d
     return ret;
 }
 
+/* The destroy itself, under the call lock (c begun): 0 or cuDNN's status. */
+static cudnnStatus_t destroy_now(struct rcall *c, uint64_t vid)
+{
+    rc_put(c, &vid, sizeof vid);
+    cudnnStatus_t ret = (cudnnStatus_t)remote_call(c);
+    if (ret == CUDNN_STATUS_SUCCESS && vid != 0 && remember(H_DESTROY, vid, 0, 0, 0, NULL, 0) == 0)
+        prune();
+    return ret;
+}
+
 EXPORT cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t descriptor)
 {
     struct dnn_pack *k = pack_of(descriptor);
@@ -632,12 +767,32 @@ EXPORT cudnnStatus_t cudnnBackendDestroyDescriptor(cudnnBackendDescriptor_t desc
     struct rcall c;
     if (remote_begin(&c, RFN_cudnnBackendDestroyDescriptor) != 0)
         return CUDNN_STATUS_NOT_INITIALIZED;
-    rc_put(&c, &vid, sizeof vid);
-    cudnnStatus_t ret = (cudnnStatus_t)remote_call(&c);
-    if (ret == CUDNN_STATUS_SUCCESS && vid != 0 && remember(H_DESTROY, vid, 0, 0, 0, NULL, 0) == 0)
-        forget(vid);
+    cudnnStatus_t ret;
+    if (vid != 0 && remote_recovery_enabled() && calllog_enabled() && is_live(vid) &&
+        grow((void **)&pend, &cap_pend, n_pend, sizeof *pend) == 0) {
+        pend[n_pend++] = (struct pending){vid, calllog_minibatch()};
+        ret = CUDNN_STATUS_SUCCESS;
+    } else {
+        ret = destroy_now(&c, vid);
+    }
     remote_end(&c);
     return ret;
+}
+
+/* The queued destroys whose minibatch the call log no longer holds (calllog.c, at a minibatch boundary). */
+static void flush_destroys(void)
+{
+    for (size_t i = 0; i < n_pend;) {
+        if (pend[i].minibatch >= calllog_first()) {
+            i++;
+            continue;
+        }
+        uint64_t vid = pend[i].vid;
+        pend[i] = pend[--n_pend];
+        struct rcall c;
+        remote_begin_locked(&c, RFN_cudnnBackendDestroyDescriptor);
+        destroy_now(&c, vid);
+    }
 }
 
 EXPORT cudnnStatus_t cudnnBackendInitialize(cudnnBackendDescriptor_t descriptor)
@@ -783,10 +938,18 @@ EXPORT cudnnStatus_t cudnnBackendExecute(cudnnHandle_t handle, cudnnBackendDescr
     struct rcall c;
     if (remote_begin(&c, RFN_cudnnBackendExecute) != 0)
         return CUDNN_STATUS_NOT_INITIALIZED;
+    const char *host = pack_host_pointer(pack_of(variantPack));
+    if (host) {
+        remote_end(&c);
+        remote_refuse_call("cudnnBackendExecute", host);
+        return CUDNN_STATUS_NOT_SUPPORTED;
+    }
     rc_put_handle(&c, handle);
     put_desc_arg(&c, executionPlan);
     put_desc_arg(&c, variantPack);
     cudnnStatus_t ret = (cudnnStatus_t)remote_call(&c);
+    if (ret != CUDNN_STATUS_SUCCESS)
+        calllog_unlog_last();               /* (a failed execution changed nothing: a replay skips it) */
     remote_end(&c);
     return ret;
 }

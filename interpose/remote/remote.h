@@ -104,6 +104,7 @@ uint64_t calllog_first(void);                        /* the oldest minibatch sti
 int calllog_enabled(void);
 const char *calllog_noreplay(uint64_t from);         /* why minibatches from..current cannot be replayed, or NULL */
 void calllog_set_noreplay(const char *why);          /* the current minibatch cannot be replayed */
+void calllog_unlog_last(void);                      /* the last logged call failed harmlessly: replays skip it */
 void calllog_drop_until(uint64_t done);              /* drop minibatches < done (the device completed them) */
 /* Calls fn for every logged call of minibatches >= from, in order, except the last
  * `skip_last` calls; seg_end(index) after each complete minibatch.  0, or fn's error. */

@@ -524,8 +524,13 @@ _SCALAR_OF_COMPUTE = ("(computeType == CUBLAS_COMPUTE_64F || computeType == CUBL
 _BLAS = {"handle": "blas"}
 
 
+# A cuBLAS or cuDNN call that fails changes nothing on the device: the call log marks it, so that a replay (which
+# would fail again and stop the recovery) skips it (PyTorch tries plans and catches the failures).
+UNLOG_FAILED = "if (jr_ret != 0) calllog_unlog_last()"
+
+
 def _gemm(scalar: str) -> Fact:
-    return Fact(remote="gen", handles=_BLAS, device=("A", "B", "C"), mode="async",
+    return Fact(remote="gen", handles=_BLAS, device=("A", "B", "C"), mode="async", after=UNLOG_FAILED,
                 host_in={name: f"remote_blas_scalar_bytes(handle, {name}, {scalar})" for name in ("alpha", "beta")})
 
 
@@ -608,7 +613,8 @@ def _bn(scalars: tuple[str, ...] = (), of: str = "xDesc", mode: str = "async", a
     cudnnTensorDescriptor_t is carried by value, a cudnnActivationDescriptor_t must be NULL, every other
     pointer to void is device memory and a size_t * is an output; a call with an activation
     descriptor is refused."""
-    return Fact(remote="gen", handles=_DNN, mode=mode, after=after, host_in={s: f"remote_dnn_scalar_bytes({of}, {s})" for s in scalars})
+    return Fact(remote="gen", handles=_DNN, mode=mode, after=f"{UNLOG_FAILED};\n    {after}" if after else UNLOG_FAILED,
+                host_in={s: f"remote_dnn_scalar_bytes({of}, {s})" for s in scalars})
 
 
 CUDNN: dict[str, Fact] = {

@@ -290,6 +290,17 @@ def dnn_attribute_types(include: Path) -> list[tuple[str, str]]:
     return out
 
 
+def dnn_last_data_type(include: Path) -> int:
+    """The largest value of cudnn_graph.h's cudnnDataType_t (a tensor descriptor of a larger one is refused, as
+    cuDNN refuses it)."""
+    text = (include / "cudnn_graph.h").read_text(encoding="utf-8", errors="replace")
+    m = re.search(r"typedef\s+enum\s*\{(?P<body>(?:(?!typedef).)*?)\}\s*cudnnDataType_t\s*;", text, re.S)
+    values = [int(v) for v in re.findall(r"^\s*CUDNN_DATA_\w+\s*=\s*(\d+)", m.group("body"), re.M)] if m else []
+    if not values:
+        raise GenError(f"{include / 'cudnn_graph.h'}: no cudnnDataType_t values parsed; header format changed?")
+    return max(values)
+
+
 def dnn_attribute_table(types: list[tuple[str, str]]) -> str:
     """The element size of each backend attribute type (appended to remote_stubs.c and proxy_dispatch.c:
     remote/dnn.c sizes a SetAttribute's array, the proxy checks what it receives)."""
@@ -757,6 +768,8 @@ def remote_files(args: argparse.Namespace, functions: dict[str, Function], facts
         files["remote_stubs.c"] += lt_attribute_table(lt_attribute_sizes(args.cublaslt_header))
     if args.cudnn_include is not None:
         table = dnn_attribute_table(dnn_attribute_types(args.cudnn_include))
+        table += ("#ifdef JITCKPT_REMOTE_CUDNN\nconst int jitckpt_dnn_last_data_type = "
+                  f"{dnn_last_data_type(args.cudnn_include)};\n#endif\n")
         files["remote_stubs.c"] += table
         files["proxy_dispatch.c"] += table
     return files

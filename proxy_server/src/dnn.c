@@ -25,6 +25,7 @@
 
 #include <cudnn.h>
 
+#define MAX_ATTR_BYTES (16u * 1024u)                  /* the most attribute bytes one call carries */
 extern const size_t jitckpt_dnn_type_bytes[];    /* proxy_dispatch.c, generated from cudnn_graph.h */
 extern const unsigned jitckpt_dnn_type_count;
 
@@ -72,11 +73,15 @@ int rd_dnn_tensor(struct rdisp *d, cudnnTensorDescriptor_t *out)
         return -1;
     if (!t.set)
         return 0;                       /* NULL (or never set): cuDNN judges it */
-    if (resolve() != 0 || n_tensors == MAX_TENSORS || r_tensor_create(out) != CUDNN_STATUS_SUCCESS)
+    if (resolve() != 0 || n_tensors == MAX_TENSORS || r_tensor_create(out) != CUDNN_STATUS_SUCCESS) {
+        rd_dnn_tensors_release();       /* (the dispatch returns at once: nothing of it may stay) */
         return -1;
+    }
     tensors[n_tensors++] = *out;
-    if (r_tensor_set(*out, (cudnnDataType_t)t.data_type, t.nb_dims, t.dims, t.strides) != CUDNN_STATUS_SUCCESS)
-        return -1;                      /* (the worker accepted it: an inconsistency, refused as a bad handle) */
+    if (r_tensor_set(*out, (cudnnDataType_t)t.data_type, t.nb_dims, t.dims, t.strides) != CUDNN_STATUS_SUCCESS) {
+        rd_dnn_tensors_release();       /* (the worker accepted it: an inconsistency, refused as a bad handle) */
+        return -1;
+    }
     return 0;
 }
 
@@ -122,7 +127,15 @@ static size_t type_bytes(uint32_t type)
     return type < jitckpt_dnn_type_count ? jitckpt_dnn_type_bytes[type] : 0;
 }
 
-#define MAX_ATTR_BYTES (16u * 1024u)
+/* count elements of type: their bytes, or more than MAX_ATTR_BYTES (without overflowing) when too many. */
+static size_t array_bytes(uint32_t type, int64_t count)
+{
+    size_t size = type_bytes(type);
+    if (count <= 0 || size == 0)
+        return 0;
+    return (uint64_t)count > MAX_ATTR_BYTES / size ? MAX_ATTR_BYTES + 1 : (size_t)count * size;
+}
+
 
 /* (vid, name, type, count, has_array, want_count) as interpose/remote/dnn.c puts them, and for a set (or a
  * fill) the array, its ids mapped.  0, or RD_BAD. */
@@ -143,7 +156,7 @@ static int get_attr_fields(struct rdisp *d, struct attr_call *a, unsigned char *
         rd_get(d, &a->type, sizeof a->type) || rd_get(d, &a->count, sizeof a->count) ||
         rd_get(d, &a->has_array, sizeof a->has_array) || rd_get(d, &a->want_count, sizeof a->want_count))
         return -1;
-    size_t len = a->count > 0 ? (size_t)a->count * type_bytes(a->type) : 0;
+    size_t len = array_bytes(a->type, a->count);
     if (len > MAX_ATTR_BYTES)
         return -1;
     if (with_array && a->has_array) {
@@ -220,8 +233,10 @@ static int32_t get_attribute(struct rdisp *d)
     if (get_attr_call(d, &a, bytes, 0))
         return RD_BAD;
     int fill = a.type == CUDNN_TYPE_BACKEND_DESCRIPTOR && a.has_array;
+    if (fill && a.count < 0)
+        return CUDNN_STATUS_BAD_PARAM;
     if (fill) {          /* the descriptors to fill, as virtual ids */
-        if (a.count < 0 || rd_get(d, bytes, (size_t)a.count * 8))
+        if (array_bytes(a.type, a.count) > MAX_ATTR_BYTES || rd_get(d, bytes, (size_t)a.count * 8))
             return RD_BAD;
         map_ids(a.type, bytes, a.count);
     }
@@ -269,7 +284,7 @@ static int get_desc_arg(struct rdisp *d, void **desc, cudnnBackendDescriptor_t *
         if (rd_get(d, &name, sizeof name) || rd_get(d, &type, sizeof type) || rd_get(d, &count, sizeof count) ||
             rd_get(d, &has, sizeof has))
             return -1;
-        size_t len = has && count > 0 ? (size_t)count * type_bytes(type) : 0;
+        size_t len = has ? array_bytes(type, count) : 0;
         if (len > MAX_ATTR_BYTES || rd_get(d, bytes, len))
             return -1;
         if (*made)       /* (the worker kept only sets that succeed: they do here too) */
@@ -294,7 +309,7 @@ static int32_t pack_ask(struct rdisp *d)
 {
     static unsigned char bytes[MAX_ATTR_BYTES];
     void *pack;
-    cudnnBackendDescriptor_t made;
+    cudnnBackendDescriptor_t made = NULL;
     struct attr_call a = {0};
     uint32_t op;
     int32_t st = RD_BAD;
@@ -316,7 +331,7 @@ static int32_t execute(struct rdisp *d)
 {
     uint64_t handle_vid;
     void *handle, *plan, *pack;
-    cudnnBackendDescriptor_t made_plan, made_pack;
+    cudnnBackendDescriptor_t made_plan = NULL, made_pack = NULL;
     /* the handle first: watch.c holds the record back here while its stream waits for a collective */
     if (rd_get_handle(d, VH_DNN, &handle_vid, &handle) != 0)
         return CUDNN_STATUS_BAD_PARAM;        /* (or dropped: an abort came while it was held back) */

@@ -77,7 +77,17 @@ enum Uid : int64_t { kUidX = 1, kUidW = 2, kUidY = 3 };
 struct Plan {
     Desc plan = nullptr;
     int64_t workspace = 0;
+    std::vector<Desc> parts;   // what the plan was made from and keeps alive (destroy_plan)
 };
+
+// The plan and everything it was made from, destroyed (as cudnn_frontend drops a plan it no longer wants).
+void destroy_plan(Plan &p)
+{
+    DNN(cudnnBackendDestroyDescriptor(p.plan));
+    for (auto it = p.parts.rbegin(); it != p.parts.rend(); ++it)
+        DNN(cudnnBackendDestroyDescriptor(*it));
+    p = Plan();
+}
 
 // One convolution (3x3, padding 1, stride 1) as an execution plan: x (B,C,H,W), w (K,C,R,R), y (B,K,H,W).
 Plan conv_plan(cudnnHandle_t handle, cudnnBackendDescriptorType_t op_type, float alpha, float beta)
@@ -151,6 +161,7 @@ Plan conv_plan(cudnnHandle_t handle, cudnnBackendDescriptorType_t op_type, float
     check(got >= 1, "the heuristics' results", __LINE__, "none");
 
     Plan p;
+    p.parts = {x, w, y, conv, op, graph, cfgs[0]};
     p.plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
     set(p.plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
     set(p.plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[0]);
@@ -193,6 +204,10 @@ int main(int argc, char **argv)
 {
     // DNN_TRAIN_RUNNING=1: BatchNorm keeps running statistics (updated in place in the forward pass)
     const int running = env_int("DNN_TRAIN_RUNNING", 0);
+    // DNN_TRAIN_REBUILD=1: every minibatch builds its plans and destroys them after use (PyTorch's trial plans,
+    // an evicted plan-cache entry), and makes one execution that fails, whose status it ignores (as
+    // cudnn_frontend's plan timing does)
+    const int rebuild = env_int("DNN_TRAIN_REBUILD", 0);
     const Options opt = parse_options(argc, argv);
     const int steps = opt.steps;
     const Job job = join(opt.rendezvous_dir);
@@ -254,10 +269,14 @@ int main(int argc, char **argv)
             forward = conv_plan(dnn, CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, 1.0f, -1.0f);
             filter = conv_plan(dnn, CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, inv_b, 0.0f);
             data = conv_plan(dnn, CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, inv_b, 0.0f);
-            int64_t most = forward.workspace > filter.workspace ? forward.workspace : filter.workspace;
-            most = most > data.workspace ? most : data.workspace;
-            CUDA(cudaMalloc(&d_workspace, (size_t)(most > 0 ? most : 1)));
+            if (step == 1) {
+                int64_t most = forward.workspace > filter.workspace ? forward.workspace : filter.workspace;
+                most = most > data.workspace ? most : data.workspace;
+                CUDA(cudaMalloc(&d_workspace, (size_t)(most > 0 ? most : 1)));
+            }
         }
+        if (rebuild)                      // a failed execution the program ignores
+            (void)cudnnBackendExecute(dnn, nullptr, nullptr);
         CUDA(cudaMemcpyAsync(d_batch, batch.data(), batch.size() * sizeof(float), cudaMemcpyHostToDevice, compute));
 
         cudnnTensorDescriptor_t xd = tensor4d(kB, kC, kH, kW), bnd;
@@ -277,6 +296,11 @@ int main(int argc, char **argv)
         run(dnn, forward, d_h, d_w, d_err, d_workspace);          // err = conv(h, W) - y
         run(dnn, filter, d_h, d_g, d_err, d_workspace);           // dW = conv_bwd_filter(h, err) / B
         run(dnn, data, d_dh, d_w, d_err, d_workspace);            // dh = conv_bwd_data(err, W) / B
+        if (rebuild) {
+            destroy_plan(forward);
+            destroy_plan(filter);
+            destroy_plan(data);
+        }
 
         xd = tensor4d(kB, kC, kH, kW);
         DNN(cudnnCreateTensorDescriptor(&bnd));
