@@ -31,6 +31,7 @@
 
 #ifdef JITCKPT_REMOTE_CUDNN
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -51,6 +52,9 @@ extern const int jitckpt_dnn_last_data_type;     /* (the largest cudnnDataType_t
 struct dnn_handle { cudnnHandle_t handle; int device; cudaStream_t stream; };
 static struct dnn_handle *handles;
 static size_t n_handles, cap_handles;
+/* Written under the call lock; cudnnGetStream's answer and the minibatch boundary read it without: a lock of
+ * its own around every access. */
+static pthread_mutex_t handles_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static struct dnn_handle *find_handle(cudnnHandle_t h)
 {
@@ -75,34 +79,39 @@ static int grow(void **items, size_t *cap, size_t n, size_t size)
 
 void remote_dnn_created(cudnnHandle_t *h)
 {
-    if (h == NULL || find_handle(*h) || grow((void **)&handles, &cap_handles, n_handles, sizeof *handles))
-        return;
-    handles[n_handles++] = (struct dnn_handle){*h, remote_current_device(), NULL};
+    pthread_mutex_lock(&handles_lock);
+    if (h != NULL && !find_handle(*h) && grow((void **)&handles, &cap_handles, n_handles, sizeof *handles) == 0)
+        handles[n_handles++] = (struct dnn_handle){*h, remote_current_device(), NULL};
+    pthread_mutex_unlock(&handles_lock);
 }
 
 void remote_dnn_destroyed(cudnnHandle_t h)
 {
+    pthread_mutex_lock(&handles_lock);
     struct dnn_handle *d = find_handle(h);
     if (d)
         *d = handles[--n_handles];
+    pthread_mutex_unlock(&handles_lock);
 }
 
 void remote_dnn_set_stream(cudnnHandle_t h, cudaStream_t stream)
 {
+    pthread_mutex_lock(&handles_lock);
     struct dnn_handle *d = find_handle(h);
     if (d)
         d->stream = stream;
+    pthread_mutex_unlock(&handles_lock);
 }
 
 int remote_dnn_get_stream(cudnnHandle_t h, cudaStream_t *stream)
 {
+    pthread_mutex_lock(&handles_lock);
     struct dnn_handle *d = find_handle(h);
-    if (d == NULL)
-        return CUDNN_STATUS_BAD_PARAM;
-    if (stream == NULL)
-        return CUDNN_STATUS_BAD_PARAM;
-    *stream = d->stream;
-    return CUDNN_STATUS_SUCCESS;
+    int st = d == NULL || stream == NULL ? CUDNN_STATUS_BAD_PARAM : CUDNN_STATUS_SUCCESS;
+    if (st == CUDNN_STATUS_SUCCESS)
+        *stream = d->stream;
+    pthread_mutex_unlock(&handles_lock);
+    return st;
 }
 
 static size_t n_pend;               /* destroys deferred while a replay may need the descriptor (below) */
@@ -117,12 +126,17 @@ void remote_dnn_minibatch_begins(void)
             flush_destroys();
         remote_end(&c);
     }
-    if (n_handles == 0 || !remote_recovery_enabled())
+    if (!remote_recovery_enabled())
         return;
-    for (size_t i = 0; i < n_handles; i++) {
-        struct dnn_handle d = handles[i];
-        cudnnSetStream(d.handle, d.stream);
-    }
+    pthread_mutex_lock(&handles_lock);
+    size_t n = n_handles;
+    struct dnn_handle *copy = n ? malloc(n * sizeof *copy) : NULL;
+    if (copy)
+        memcpy(copy, handles, n * sizeof *copy);
+    pthread_mutex_unlock(&handles_lock);
+    for (size_t i = 0; copy && i < n; i++)
+        cudnnSetStream(copy[i].handle, copy[i].stream);   /* (the calls write the same values back) */
+    free(copy);
 }
 
 /* A pure query: the worker's own libcudnn answers (remote/bypass.c keeps the driver out of reach meanwhile). */
