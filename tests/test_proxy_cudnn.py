@@ -179,16 +179,50 @@ def test_a_cudnn_program_is_recovered_underneath_bit_exact(dnn_train, tmp_path, 
 
 
 @REQUIRES_CUBLAS_HEADER
-def test_batchnorm_running_statistics_turn_transparent_recovery_off_at_once(dnn_train, tmp_path):
+def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_train, tmp_path):
     """Running statistics are updated in place in the forward pass: the state a failure leaves already holds
-    the update and a replay would make it twice (replay validation at minibatch 5 saw exactly that).  The
-    worker says so at the first such call, and a failure stops every rank with exit status 75 (the job falls
-    back to its checkpoints) instead of ending with statistics updated twice."""
+    the update and a plain replay would make it twice.  Replay validation at minibatch 5 finds those bytes
+    (the replay differs there), checks that rewinding them makes the replay faithful, and from then on the
+    proxy saves them at every minibatch boundary; the recovery from a hang at minibatch 6 writes them back
+    before its replay, and the job ends with parameters and running statistics bit-identical to a
+    fault-free direct run.  Until validation has learned them, the worker says recovery waits for it."""
+    reference = torchrun(dnn_train, tmp_path, False, {"DNN_TRAIN_RUNNING": "1"})
+    sums = set(CHECKSUM.findall(reference.stdout))
+    assert reference.returncode == 0 and len({s for _, s in sums}) == 1, reference.stdout + reference.stderr
     proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1",
                                                 "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang"})
+    # (the emulator counts the validation's replayed all-reduces too: with the second replay that checks the
+    # rewind, call 9 falls in minibatch 6)
+    out = assert_recovered(proc, sums.pop()[1], minibatch=6)
+    assert len(re.findall(r"rank \d: cudnnBatchNormalizationForwardTraining updates the running mean and variance "
+                          r"in place during the forward pass: a replay would apply that twice\.  Transparent recovery "
+                          r"waits until replay validation has learned", out)) == 3, out[-4000:]
+    learned = re.findall(r"rank \d: replay validation at minibatch 5: the minibatch changes (\d+) bytes in (\d+) "
+                         r"range\(s\) of device memory in place before its optimizer step", out)
+    assert len(learned) == 3 and all(0 < int(b) <= 4096 for b, _ in learned), out[-4000:]
+    assert len(re.findall(r"rank \d: wrote back \d+ bytes of state changed in place, as saved at minibatch 6's "
+                          r"start", out)) == 3, out[-4000:]
+    assert "replay validation FAILED" not in out and "Transparent recovery is OFF" not in out, out[-4000:]
+
+
+@REQUIRES_CUBLAS_HEADER
+@pytest.mark.parametrize("fault,reason", [
+    # before validation at minibatch 5 has learned the state changed in place
+    ("rank=1,op=ncclAllReduce,call=5,kind=hang",
+     r"rank \d changes device state in place before its optimizer step \(BatchNorm's running statistics\) that "
+     r"replay validation has not learned yet"),
+    # a rank that lost its memory would get another rank's running statistics
+    ("rank=2,op=ncclAllReduce,call=9,kind=sticky",
+     r"rank 2 needs rank 0's device memory, but the job changes \d+ bytes in place before each optimizer step "
+     r"\(per-rank state"),
+])
+def test_batchnorm_running_statistics_that_cannot_be_rewound_stop_the_job(dnn_train, tmp_path, fault, reason):
+    """Where the running statistics cannot be brought back exactly, every rank stops with exit status 75 and
+    the reason (the job falls back to its checkpoints) instead of ending with statistics updated twice or
+    copied from another rank."""
+    proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1", "JITCKPT_SIMDEV_FAULT": fault})
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
-    assert len(re.findall(r"rank \d: cudnnBatchNormalizationForwardTraining updates the running mean and variance in "
-                          r"place during the forward pass.*Transparent recovery is OFF", out)) == 3, out[-4000:]
+    assert re.search(r"transparent recovery is not possible: " + reason, out), out[-4000:]
     assert len(re.findall(r"exitcode\s*: 75", out)) >= 1, out[-4000:]
     assert "final parameters checksum" not in proc.stdout, out[-4000:]

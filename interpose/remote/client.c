@@ -589,10 +589,12 @@ void remote_mark_minibatch(uint64_t index)
     if (wire && !dead) {
         lock_held = 1;
         remote_validate_end(index);
+        remote_rewind_save(index + 1);          /* rewind.c: before the marker, so a done marker means saved */
         struct rcall c;
         remote_begin_locked(&c, JITCKPT_RFN_MARK);
         rc_put(&c, &index, sizeof index);
         append(&c, 0);
+        remote_validate_prepare(index + 1);
         lock_held = 0;
     }
     pthread_mutex_unlock(&call_lock);

@@ -171,18 +171,16 @@ EXPORT void cudnnGetLastErrorString(char *message, size_t max_size)
 }
 
 /* A BatchNorm forward pass in training mode updated its running statistics in place.  The device state a
- * recovery meets (the forward passes over, the optimizer not yet run) already holds the update, and the
- * replay of the minibatch would make it a second time: what the minibatch replay cannot undo, so
- * transparent recovery is off, said at once with the reason (not later, by replay validation).  PyTorch
- * also counts the batches in a buffer of its own (num_batches_tracked), with a kernel. */
+ * recovery meets (the forward passes over, the optimizer not yet run) already holds the update, and a replay
+ * of the minibatch would make it a second time, unless those bytes are rewound first (rewind.c): replay
+ * validation learns them (with PyTorch's num_batches_tracked, which a kernel counts), and until it has, a
+ * failure stops the job with the reason, said now. */
 void remote_dnn_running_stats(const void *mean, const void *variance, double factor)
 {
     if ((mean == NULL && variance == NULL) || factor == 0.0 || !remote_recovery_enabled())
         return;
-    remote_recovery_off("in-place", "cudnnBatchNormalizationForwardTraining updates the running mean and variance in "
-                        "place during the forward pass; a replay of the minibatch from the state a failure leaves "
-                        "would apply that update twice (a BatchNorm without running statistics, or in eval mode, "
-                        "can be recovered)");
+    remote_rewind_pending("cudnnBatchNormalizationForwardTraining updates the running mean and variance in place "
+                          "during the forward pass", mean, variance);
 }
 
 /* ---- legacy tensor descriptors (kept here) ----------------------------------------------- */

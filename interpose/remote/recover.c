@@ -209,7 +209,7 @@ static uint64_t alloc_hash(uint64_t before)
 
 struct report {
     int mem, have;
-    unsigned long long done, first, host, allocs;
+    unsigned long long done, first, host, allocs, rw, rwf;
     char cannot[64];
     char id[2 * sizeof(ncclUniqueId) + 1];
 };
@@ -217,9 +217,9 @@ struct report {
 static int parse_report(const char *tok, struct report *r)
 {
     memset(r, 0, sizeof *r);
-    int n = sscanf(tok, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%llx;cannot=%63[^;];id=%256s", &r->mem,
-                   &r->done, &r->first, &r->host, &r->allocs, r->cannot, r->id);
-    r->have = n == 7;
+    int n = sscanf(tok, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%llx;rw=%llu;rwf=%llu;cannot=%63[^;];id=%256s",
+                   &r->mem, &r->done, &r->first, &r->host, &r->allocs, &r->rw, &r->rwf, r->cannot, r->id);
+    r->have = n == 9;
     return r->have ? 0 : -1;
 }
 
@@ -341,6 +341,7 @@ static void replay_mark(uint64_t index, void *arg)
 {
     (void)arg;
     struct rcall c;
+    remote_rewind_save(index + 1);
     remote_begin_locked(&c, JITCKPT_RFN_MARK);
     rc_put(&c, &index, sizeof index);
     remote_append_raw(&c, 0);
@@ -459,6 +460,8 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     int nranks = 0, crank = 0, cdev = 0;
     if (invalid) {
         /* said when validation failed; the other ranks give up too */
+    } else if (remote_rewind_unlearned()) {
+        cannot = "inplace";
     } else if (restart_n_comms() != 1) {
         cannot = "communicators";
     } else {
@@ -477,9 +480,10 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         }
     }
     char token[512];
-    snprintf(token, sizeof token, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%016llx;cannot=%s;id=%s", mem,
-             (unsigned long long)(mem ? done : 0), (unsigned long long)first, (unsigned long long)host,
-             (unsigned long long)alloc_hash(first < host ? first : host), cannot, id);
+    snprintf(token, sizeof token, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%016llx;rw=%llu;rwf=%llu;cannot=%s;"
+             "id=%s", mem, (unsigned long long)(mem ? done : 0), (unsigned long long)first, (unsigned long long)host,
+             (unsigned long long)alloc_hash(first < host ? first : host), (unsigned long long)remote_rewind_bytes(),
+             (unsigned long long)remote_rewind_from(), cannot, id);
     static struct report all[MAX_WORLD];
     if (rendezvous(token, all) != 0)
         give_up("the ranks could not meet through torchrun's store");
@@ -492,6 +496,9 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         if (strcmp(all[r].cannot, "validation") == 0)
             give_up("rank %d's replay validation failed earlier (a replay there does not reproduce the device "
                     "memory)", r);
+        if (strcmp(all[r].cannot, "inplace") == 0)
+            give_up("rank %d changes device state in place before its optimizer step (BatchNorm's running "
+                    "statistics) that replay validation has not learned yet: a replay would apply it twice", r);
         if (strcmp(all[r].cannot, "managed") == 0)
             give_up("rank %d has managed memory (cudaMallocManaged), which a replay cannot reset", r);
         if (strcmp(all[r].cannot, "none") != 0)
@@ -514,6 +521,21 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
                 give_up("rank %d lost its device memory and its allocations differ from rank %d's: no replica holds "
                         "its state", r, root);
         }
+    }
+    /* State changed in place (rewind.c): each rank writes back its own, saved at K's start. */
+    for (int r = 0; r < world; r++) {
+        if (!all[r].rw)
+            continue;
+        if (need_fetch[r])
+            give_up("rank %d needs rank %d's device memory, but the job changes %llu bytes in place before each "
+                    "optimizer step (per-rank state such as BatchNorm's running statistics), which no replica holds "
+                    "for it", r, root, all[r].rw);
+        if (all[r].rwf > K)
+            give_up("rank %d saves the state it changes in place from minibatch %llu on; the resume point %llu is "
+                    "earlier", r, all[r].rwf, (unsigned long long)K);
+        if (all[r].host >= K + 2)
+            give_up("rank %d's host ran two minibatches ahead of the resume point %llu, so the state it changes in "
+                    "place, saved at that minibatch's start, may be overwritten", r, (unsigned long long)K);
     }
     int skip = 0;
     if (need_fetch[rank]) {
@@ -594,6 +616,11 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     double t_fetch = now_s();
 
     /* 6. Replay (or skip the rest of a failed optimizer step). */
+    if (!skip && remote_rewind_restore(&c, K) != 0)
+        give_up("writing back the state changed in place at minibatch %llu's start failed", (unsigned long long)K);
+    if (!skip && remote_rewind_bytes())
+        rlog("rank %d: wrote back %llu bytes of state changed in place, as saved at minibatch %llu's start",
+             rank, (unsigned long long)remote_rewind_bytes(), (unsigned long long)K);
     struct replay_state rs = {0};
     int32_t err = 0;
     if (!skip)
@@ -722,6 +749,16 @@ static int32_t write_alloc(struct rcall *c, uint64_t addr, const unsigned char *
     return 0;
 }
 
+int32_t remote_read_device(struct rcall *c, uint64_t addr, void *to, uint64_t n)
+{
+    return read_alloc(c, addr, to, n);
+}
+
+int32_t remote_write_device(struct rcall *c, uint64_t addr, const void *from, uint64_t n)
+{
+    return write_alloc(c, addr, from, n);
+}
+
 /* Copies every live allocation out; NULL on failure. */
 static struct snap *snapshot(struct rcall *c, size_t *n)
 {
@@ -756,6 +793,27 @@ static uint64_t fnv(uint64_t h, const unsigned char *p, uint64_t n)
     return h;
 }
 
+/* Under the call lock (client.c), at the boundary before minibatch `next`: if `next` is validated, its
+ * start is copied out (what learning the state it changes in place needs: rewind.c). */
+static struct snap *start;
+static size_t nstart;
+static int64_t start_for = -1;
+
+void remote_validate_prepare(uint64_t next)
+{
+    free_snap(start, nstart);
+    start = NULL;
+    start_for = -1;
+    if (!remote_recovery_enabled() || !validate_now(next))
+        return;
+    struct rcall c;
+    validate_starting = 1;
+    int32_t err = simple(JITCKPT_RFN_RST_SYNC, NULL, 0, &c);
+    validate_starting = 0;
+    if (err == 0 && (start = snapshot(&c, &nstart)) != NULL)
+        start_for = (int64_t)next;
+}
+
 /* Under the call lock (client.c): the optimizer phase of `minibatch` begins. */
 void remote_validate_begin(uint64_t minibatch)
 {
@@ -777,6 +835,132 @@ void remote_validate_begin(uint64_t minibatch)
         validating = (int64_t)minibatch;
 }
 
+/* The state a recovery meets (S_pre, the state changed in place rewound: from `learn` copied out at the
+ * start when given, else from rewind.c's save), the minibatch's allocations freed, the minibatch replayed,
+ * synchronised, and copied out into *after.  NULL, or what failed. */
+static const char *replay_from_pre(struct rcall *c, uint64_t minibatch, const struct rewind_range *learn,
+                                   size_t nlearn, struct replay_state *rs, struct snap **after, size_t *nafter)
+{
+    for (size_t i = 0; i < npre; i++)
+        if (pre[i].minibatch < minibatch && write_alloc(c, pre[i].addr, pre[i].bytes, pre[i].size) != 0)
+            return "writing device memory back";
+    if (learn) {
+        for (size_t k = 0; k < nlearn; k++)
+            for (size_t i = 0; i < nstart; i++)
+                if (learn[k].addr >= start[i].addr && learn[k].addr + learn[k].bytes <= start[i].addr + start[i].size &&
+                    write_alloc(c, learn[k].addr, start[i].bytes + (learn[k].addr - start[i].addr), learn[k].bytes))
+                    return "writing the state changed in place back";
+    } else if (remote_rewind_restore(c, minibatch) != 0) {
+        return "writing the state changed in place back";
+    }
+    for (size_t i = restart_n_allocs(); i-- > 0;) {
+        uint64_t a, sz, mb;
+        restart_alloc(i, &a, &sz, &mb);
+        if (mb < minibatch)
+            continue;
+        void *p = (void *)(uintptr_t)a;
+        remote_begin_locked(c, RFN_cudaFree);
+        rc_put(c, &p, sizeof p);
+        if (remote_call(c) != 0)
+            return "freeing the minibatch's allocations";
+    }
+    if (calllog_each(minibatch, 0, replay_one, NULL, rs) != 0)
+        return "replaying the minibatch";
+    if (simple(JITCKPT_RFN_RST_SYNC, NULL, 0, c) != 0)
+        return "synchronising after the replay";
+    if ((*after = snapshot(c, nafter)) == NULL)
+        return "copying device memory out after the replay";
+    return NULL;
+}
+
+#define REWIND_MAX_BYTES (256ull << 20)
+#define REWIND_ALIGN 64u
+#define REWIND_GAP 256u
+
+static int range_cmp(const void *a, const void *b)
+{
+    const struct rewind_range *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* The ranges a replay must rewind to reproduce `end`: those rewound already and the bytes of memory older
+ * than the minibatch where `after` differs from `end` (64-byte aligned, merged across gaps of up to 256
+ * bytes inside one allocation).  The count, or -1 with *why (a difference in memory the minibatch made
+ * itself, or more than the limits: then the replay is unfaithful, not state to rewind). */
+static long learn_ranges(uint64_t minibatch, const struct snap *end, const struct snap *after, size_t n,
+                         struct rewind_range **out, const char **why)
+{
+    const struct rewind_range *old;
+    size_t nold = remote_rewind_ranges(&old), cap = nold + 64, k = 0;
+    struct rewind_range *r = malloc(cap * sizeof *r);
+    if (!r) {
+        *why = "out of memory";
+        return -1;
+    }
+    memcpy(r, old, nold * sizeof *r);
+    k = nold;
+    for (size_t i = 0; i < n; i++) {
+        if (memcmp(end[i].bytes, after[i].bytes, end[i].size) == 0)
+            continue;
+        if (end[i].minibatch >= minibatch) {
+            free(r);
+            *why = "memory the minibatch allocated itself";
+            return -1;
+        }
+        for (uint64_t b = 0; b < end[i].size;) {
+            if (end[i].bytes[b] == after[i].bytes[b]) {
+                b++;
+                continue;
+            }
+            uint64_t lo = b - b % REWIND_ALIGN, last = b;
+            for (uint64_t j = b + 1; j < end[i].size && j <= last + REWIND_GAP; j++)   /* across short equal runs */
+                if (end[i].bytes[j] != after[i].bytes[j])
+                    last = j;
+            uint64_t hi = last + 1;
+            hi = hi + (REWIND_ALIGN - hi % REWIND_ALIGN) % REWIND_ALIGN;
+            if (hi > end[i].size)
+                hi = end[i].size;
+            if (k == cap) {
+                cap *= 2;
+                struct rewind_range *g = realloc(r, cap * sizeof *r);
+                if (!g) {
+                    free(r);
+                    *why = "out of memory";
+                    return -1;
+                }
+                r = g;
+            }
+            r[k++] = (struct rewind_range){end[i].addr + lo, hi - lo};
+            b = hi;
+        }
+    }
+    qsort(r, k, sizeof *r, range_cmp);
+    size_t m = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < k; i++) {
+        int same_alloc = 0;
+        for (size_t j = 0; m && j < n && !same_alloc; j++)
+            same_alloc = r[m - 1].addr >= end[j].addr && r[m - 1].addr < end[j].addr + end[j].size &&
+                         r[i].addr + r[i].bytes <= end[j].addr + end[j].size;
+        if (m && same_alloc && r[i].addr <= r[m - 1].addr + r[m - 1].bytes + REWIND_GAP) {
+            uint64_t e = r[i].addr + r[i].bytes > r[m - 1].addr + r[m - 1].bytes ? r[i].addr + r[i].bytes
+                                                                                 : r[m - 1].addr + r[m - 1].bytes;
+            r[m - 1].bytes = e - r[m - 1].addr;
+        } else {
+            r[m++] = r[i];
+        }
+    }
+    for (size_t i = 0; i < m; i++)
+        bytes += r[i].bytes;
+    if (m > JITCKPT_REWIND_MAX_RANGES || bytes > REWIND_MAX_BYTES) {
+        free(r);
+        *why = "more than the limits of state to rewind (2048 ranges, 256 MiB)";
+        return -1;
+    }
+    *out = r;
+    return (long)m;
+}
+
 /* Under the call lock: minibatch `minibatch` ended (its log segment is complete). */
 void remote_validate_end(uint64_t minibatch)
 {
@@ -791,9 +975,11 @@ void remote_validate_end(uint64_t minibatch)
     struct rcall c;
     in_recovery = watch_protocol = 1;          /* a failure during the check: the job stops (remote_recover) */
     busy = "replay validation";
-    const char *failed = NULL;
-    size_t nend = 0;
-    struct snap *end = NULL;
+    const char *failed = NULL, *unlearnable = NULL;
+    size_t nend = 0, nafter = 0;
+    struct snap *end = NULL, *after = NULL;
+    struct rewind_range *learned = NULL;
+    long nlearned = -1;
     if (simple(JITCKPT_RFN_RST_SYNC, NULL, 0, &c) != 0 || (end = snapshot(&c, &nend)) == NULL) {
         failed = "copying device memory out";
         goto out;
@@ -802,56 +988,72 @@ void remote_validate_end(uint64_t minibatch)
     for (size_t i = 0; i < nend; i++)
         c1 = fnv(c1, end[i].bytes, end[i].size);
     /* Reset to the state a recovery would meet, then replay the whole minibatch. */
-    for (size_t i = 0; i < npre && !failed; i++)
-        if (pre[i].minibatch < minibatch && write_alloc(&c, pre[i].addr, pre[i].bytes, pre[i].size) != 0)
-            failed = "writing device memory back";
-    for (size_t i = nend; i-- > 0 && !failed;)
-        if (end[i].minibatch >= minibatch) {
-            void *p = (void *)(uintptr_t)end[i].addr;
-            remote_begin_locked(&c, RFN_cudaFree);
-            rc_put(&c, &p, sizeof p);
-            if (remote_call(&c) != 0)
-                failed = "freeing the minibatch's allocations";
-        }
     struct replay_state rs = {0};
-    if (!failed && calllog_each(minibatch, 0, replay_one, NULL, &rs) != 0)
-        failed = "replaying the minibatch";
-    if (!failed && simple(JITCKPT_RFN_RST_SYNC, NULL, 0, &c) != 0)
-        failed = "synchronising after the replay";
-    size_t nafter = 0;
-    struct snap *after = failed ? NULL : snapshot(&c, &nafter);
-    if (!failed && !after)
-        failed = "copying device memory out after the replay";
+    failed = replay_from_pre(&c, minibatch, NULL, 0, &rs, &after, &nafter);
     uint64_t first_diff = 0;
-    for (size_t i = 0; after && i < nafter; i++) {
-        c2 = fnv(c2, after[i].bytes, after[i].size);
-        if (!first_diff && (i >= nend || after[i].size != end[i].size ||
-                            memcmp(after[i].bytes, end[i].bytes, end[i].size) != 0))
-            first_diff = after[i].addr;
+    int same = !failed && nafter == nend;
+    for (size_t i = 0; same && i < nafter; i++)
+        same = after[i].size == end[i].size && after[i].addr == end[i].addr;
+    if (same) {
+        for (size_t i = 0; i < nafter; i++) {
+            c2 = fnv(c2, after[i].bytes, after[i].size);
+            if (!first_diff && memcmp(after[i].bytes, end[i].bytes, end[i].size) != 0)
+                first_diff = after[i].addr;
+        }
     }
-    if (!failed && (nafter != nend || c1 != c2)) {
+    /* State changed in place: learn it (the start of the minibatch was copied out), and check again. */
+    if (same && c1 != c2 && start_for == (int64_t)minibatch &&
+        (nlearned = learn_ranges(minibatch, end, after, nend, &learned, &unlearnable)) >= 0) {
+        free_snap(after, nafter);
+        after = NULL;
+        rs.calls = 0;
+        failed = replay_from_pre(&c, minibatch, learned, (size_t)nlearned, &rs, &after, &nafter);
+        same = !failed && nafter == nend;
+        c2 = 1469598103934665603ull;
+        for (size_t i = 0; same && i < nafter; i++) {
+            same = after[i].size == end[i].size && after[i].addr == end[i].addr;
+            c2 = fnv(c2, after[i].bytes, after[i].size);
+        }
+        if (!failed && same && c1 == c2 && remote_rewind_adopt(learned, (size_t)nlearned, minibatch + 1) != 0)
+            failed = "allocating device memory for the state changed in place";
+        else if (!failed && same && c1 == c2)
+            rlog("rank %d: replay validation at minibatch %llu: the minibatch changes %llu bytes in %ld range(s) of "
+                 "device memory in place before its optimizer step (BatchNorm's running statistics, counters); "
+                 "with them rewound, the replay of %llu calls reproduces device memory (checksum %016llx).  They "
+                 "are saved at every minibatch boundary from minibatch %llu on, and a recovery writes them back "
+                 "before its replay", rank, (unsigned long long)minibatch, (unsigned long long)remote_rewind_bytes(),
+                 nlearned, (unsigned long long)rs.calls, (unsigned long long)c1, (unsigned long long)minibatch + 1);
+    }
+    if (!failed && (!same || c1 != c2)) {
         invalid = "replay validation failed";
         rlog("rank %d: replay validation FAILED at minibatch %llu: replaying it from the call log does not reproduce "
-             "device memory (checksum %016llx, replayed %016llx; first difference in the allocation at %#llx): the "
-             "program changes device state the call log does not capture (a kernel with hidden state, a side "
+             "device memory (checksum %016llx, replayed %016llx; first difference in the allocation at %#llx%s%s): "
+             "the program changes device state the call log does not capture (a kernel with hidden state, a side "
              "channel into device memory).  Transparent recovery is OFF for this job: a failure will stop every "
              "rank (exit status %d) and the job falls back to its checkpoints.  Training goes on from the minibatch's own "
              "result (state the log cannot see, such as a kernel's own counters, was advanced by the check).",
              rank, (unsigned long long)minibatch, (unsigned long long)c1, (unsigned long long)c2,
-             (unsigned long long)first_diff, EXIT_NO_RECOVERY);
+             (unsigned long long)first_diff, unlearnable ? "; not state to rewind: it lies in " : "",
+             unlearnable ? unlearnable : "", EXIT_NO_RECOVERY);
         for (size_t i = 0; i < nend && !failed; i++)       /* as if nothing had been checked */
             if (write_alloc(&c, end[i].addr, end[i].bytes, end[i].size) != 0)
                 failed = "writing the minibatch's result back";
     } else if (!failed) {
-        rlog("rank %d: replay validation at minibatch %llu: the replay of %llu calls reproduces device memory "
-             "(checksum %016llx, %.0f ms)", rank, (unsigned long long)minibatch, (unsigned long long)rs.calls,
-             (unsigned long long)c1, (now_s() - t0) * 1e3);
+        remote_rewind_learned();
+        if (nlearned < 0)
+            rlog("rank %d: replay validation at minibatch %llu: the replay of %llu calls reproduces device memory "
+                 "(checksum %016llx, %.0f ms)", rank, (unsigned long long)minibatch, (unsigned long long)rs.calls,
+                 (unsigned long long)c1, (now_s() - t0) * 1e3);
     }
-    free_snap(after, nafter);
 out:
+    free(learned);
+    free_snap(after, nafter);
     free_snap(end, nend);
     free_snap(pre, npre);
     pre = NULL;
+    free_snap(start, nstart);
+    start = NULL;
+    start_for = -1;
     in_recovery = watch_protocol = 0;
     busy = NULL;
     if (failed)

@@ -136,6 +136,25 @@ void remote_phase_begin(uint64_t index);             /* calllog.c: an optimizer 
 void remote_validate_begin(uint64_t minibatch);      /* under the call lock */
 void remote_validate_end(uint64_t minibatch);        /* under the call lock */
 extern uint64_t remote_alloc_minibatch_of(uint64_t addr);
+int32_t remote_read_device(struct rcall *c, uint64_t addr, void *to, uint64_t n);         /* RST_READ */
+int32_t remote_write_device(struct rcall *c, uint64_t addr, const void *from, uint64_t n);  /* RST_WRITE */
+void remote_validate_prepare(uint64_t next);         /* under the call lock: minibatch `next` begins */
+
+/* rewind.c: state a minibatch changes in place before its optimizer step (under the call lock) */
+struct rewind_range { uint64_t addr, bytes; };
+size_t remote_rewind_ranges(const struct rewind_range **out);
+uint64_t remote_rewind_bytes(void);                  /* bytes saved at each boundary (0: none) */
+uint64_t remote_rewind_from(void);                   /* the first minibatch whose start is saved */
+int remote_rewind_adopt(const struct rewind_range *r, size_t n, uint64_t from);
+void remote_rewind_save(uint64_t minibatch);         /* at the boundary before `minibatch`, before its marker */
+int32_t remote_rewind_restore(struct rcall *c, uint64_t minibatch);
+void remote_rewind_pending(const char *why, const void *a, const void *b);  /* a call changes a, b in place:
+                                                        no recovery until validation has learned them */
+const char *remote_rewind_unlearned(void);
+void remote_rewind_learned(void);
+/* restart.c: device memory of the worker's own, made before every minibatch */
+void remote_track_internal(uint64_t addr, uint64_t size);
+void remote_untrack_internal(uint64_t addr);
 
 /* marshal.c: arguments and results, in parameter order (jitckpt_remote_wire.h) */
 void rc_put(struct rcall *c, const void *p, size_t n);

@@ -15,6 +15,8 @@
  *   jitckpt_phase_optimizer_end): events on every stream; done_marker in the
  *   segment says which minibatches the device has completed, so the worker
  *   keeps in its call log exactly the minibatches not yet done.
+ * - Rewind saves (JITCKPT_RFN_REWIND, sent before a marker when the worker
+ *   rewinds state changed in place): byte ranges copied at the boundary.
  * - A watcher thread (every WATCH_MS) publishes the oldest unfinished
  *   collective's age, the first asynchronous communicator error, a sticky
  *   device error, done_marker; and, when the worker asks (abort_before),
@@ -42,6 +44,8 @@ static __typeof__(cudaEventCreateWithFlags) *r_event_create;
 static __typeof__(cudaEventRecord) *r_event_record;
 static __typeof__(cudaEventQuery) *r_event_query;
 static __typeof__(cudaEventSynchronize) *r_event_sync;
+static __typeof__(cudaStreamWaitEvent) *r_stream_wait;
+static __typeof__(cudaMemcpyAsync) *r_memcpy_async;
 static __typeof__(ncclCommGetAsyncError) *r_comm_async;
 static __typeof__(ncclCommAbort) *r_comm_abort;
 
@@ -317,6 +321,53 @@ void watch_mark(uint64_t index)
     mark_stream(0, NULL, &a);                          /* the legacy default stream */
     mark_head++;
     pthread_mutex_unlock(&mu);
+}
+
+/* ---- rewind saves (JITCKPT_RFN_REWIND; the worker's interpose/remote/rewind.c) ----------
+ *
+ * The byte ranges a minibatch changes in place before its optimizer step
+ * (BatchNorm's running statistics, counters) are copied to `dst` at the
+ * boundary between two minibatches, in the device's order: the legacy default
+ * stream waits for every stream's work so far, copies, and every stream waits
+ * for the copies before anything after them.  The next marker's events come
+ * after the copies, so a completed marker means a completed save. */
+
+static void join_stream(uint64_t vid, void *real, void *arg)
+{
+    (void)vid;
+    cudaEvent_t e = event_get();
+    if (e && r_event_record(e, (cudaStream_t)real) == cudaSuccess)
+        r_stream_wait(NULL, e, 0);
+    event_put(e);
+    (void)arg;
+}
+
+static void wait_for(uint64_t vid, void *real, void *arg)
+{
+    (void)vid;
+    r_stream_wait((cudaStream_t)real, (cudaEvent_t)arg, 0);
+}
+
+int watch_rewind_save(uint64_t dst, uint32_t n, const uint64_t *ranges)
+{
+    if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
+        return 0;                                      /* (recovery is off for a job that captures) */
+    if (!r_stream_wait || !r_memcpy_async)
+        return cudaErrorNotSupported;
+    pthread_mutex_lock(&mu);
+    vh_each(VH_STREAM, join_stream, NULL);
+    cudaError_t err = cudaSuccess;
+    for (uint32_t i = 0; i < n && err == cudaSuccess; i++) {
+        err = r_memcpy_async((void *)(uintptr_t)dst, (const void *)(uintptr_t)ranges[2 * i], ranges[2 * i + 1],
+                             cudaMemcpyDeviceToDevice, NULL);
+        dst += ranges[2 * i + 1];
+    }
+    cudaEvent_t done = event_get();
+    if (done && r_event_record(done, NULL) == cudaSuccess)
+        vh_each(VH_STREAM, wait_for, done);
+    event_put(done);
+    pthread_mutex_unlock(&mu);
+    return err;
 }
 
 uint64_t watch_done_marker(void)
@@ -598,6 +649,8 @@ int watch_start(struct jitckpt_wire *w)
     r_event_record = (__typeof__(r_event_record))proxy_sym(cudart, "cudaEventRecord");
     r_event_query = (__typeof__(r_event_query))proxy_sym(cudart, "cudaEventQuery");
     r_event_sync = (__typeof__(r_event_sync))proxy_sym(cudart, "cudaEventSynchronize");
+    r_stream_wait = (__typeof__(r_stream_wait))proxy_sym(cudart, "cudaStreamWaitEvent");
+    r_memcpy_async = (__typeof__(r_memcpy_async))proxy_sym(cudart, "cudaMemcpyAsync");
     r_comm_async = nccl ? (__typeof__(r_comm_async))proxy_sym(nccl, "ncclCommGetAsyncError") : NULL;
     r_comm_abort = nccl ? (__typeof__(r_comm_abort))proxy_sym(nccl, "ncclCommAbort") : NULL;
     if (!r_event_create || !r_event_record || !r_event_query) {
