@@ -223,8 +223,9 @@ static int parse_report(const char *tok, struct report *r)
     return r->have ? 0 : -1;
 }
 
-/* Runs the rendezvous helper: our token in, every rank's out.  0, or -1 (said). */
-static int rendezvous(const char *token, struct report *all)
+/* Runs the rendezvous helper for generation `gen`: our token in, every rank's out, each handed to
+ * each(rank, token, arg) (0: understood).  0, or -1 (said). */
+static int rendezvous_tokens(const char *token, long gen_no, int (*each)(int r, const char *tok, void *arg), void *arg)
 {
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
@@ -232,7 +233,7 @@ static int rendezvous(const char *token, struct report *all)
         return -1;
     }
     char gen[32];
-    snprintf(gen, sizeof gen, "%d", generation);
+    snprintf(gen, sizeof gen, "%ld", gen_no);
     const char *py = getenv("JITCKPT_PYTHON");
     if (!py || !*py)
         py = "python3";
@@ -278,7 +279,7 @@ static int rendezvous(const char *token, struct report *all)
     for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         int r;
         char tok[9000];
-        if (sscanf(line, "%d %8999s", &r, tok) == 2 && r >= 0 && r < world && parse_report(tok, &all[r]) == 0)
+        if (sscanf(line, "%d %8999s", &r, tok) == 2 && r >= 0 && r < world && each(r, tok, arg) == 0)
             seen++;
     }
     free(text);
@@ -287,6 +288,17 @@ static int rendezvous(const char *token, struct report *all)
         return -1;
     }
     return 0;
+}
+
+static int each_report(int r, const char *tok, void *arg)
+{
+    return parse_report(tok, &((struct report *)arg)[r]);
+}
+
+/* The recovery's meeting: every rank's report. */
+static int rendezvous(const char *token, struct report *all)
+{
+    return rendezvous_tokens(token, generation, each_report, all);
 }
 
 /* ---- replay ------------------------------------------------------------------------- */
@@ -873,6 +885,20 @@ static const char *replay_from_pre(struct rcall *c, uint64_t minibatch, const st
     return NULL;
 }
 
+/* The validation's meeting (generations from here: a recovery's count from 1). */
+#define VALIDATE_GENERATION 1000000000L
+
+static int each_learn(int r, const char *tok, void *arg)
+{
+    int learn = 0;
+    (void)r;
+    if (sscanf(tok, "v1;learn=%d", &learn) != 1)
+        return -1;
+    if (learn)
+        *(int *)arg = 1;
+    return 0;
+}
+
 #define REWIND_MAX_BYTES (256ull << 20)
 #define REWIND_ALIGN 64u
 #define REWIND_GAP 256u
@@ -1001,9 +1027,28 @@ void remote_validate_end(uint64_t minibatch)
                 first_diff = after[i].addr;
         }
     }
-    /* State changed in place: learn it (the start of the minibatch was copied out), and check again. */
-    if (same && c1 != c2 && start_for == (int64_t)minibatch &&
-        (nlearned = learn_ranges(minibatch, end, after, nend, &learned, &unlearnable)) >= 0) {
+    /* State changed in place: learn it (the start of the minibatch was copied out), and check again.  The
+     * check replays the collectives too, so every rank makes it if any rank learned something. */
+    if (!failed && same && c1 != c2 && start_for == (int64_t)minibatch)
+        nlearned = learn_ranges(minibatch, end, after, nend, &learned, &unlearnable);
+    int retry = 0;
+    if (!failed && start_for == (int64_t)minibatch) {
+        char token[32];
+        snprintf(token, sizeof token, "v1;learn=%d", nlearned >= 0);
+        if (rendezvous_tokens(token, VALIDATE_GENERATION + (long)minibatch, each_learn, &retry) != 0)
+            failed = "agreeing with the other ranks on the state changed in place";
+    }
+    int learnt = nlearned >= 0;                      /* this rank found ranges to rewind */
+    if (!failed && retry && !learnt) {               /* check again with what is rewound already */
+        const struct rewind_range *old;
+        nlearned = (long)remote_rewind_ranges(&old);
+        learned = malloc((nlearned ? (size_t)nlearned : 1) * sizeof *learned);
+        if (learned)
+            memcpy(learned, old, (size_t)nlearned * sizeof *learned);
+        else
+            failed = "out of memory";
+    }
+    if (!failed && retry) {
         free_snap(after, nafter);
         after = NULL;
         rs.calls = 0;
@@ -1014,9 +1059,9 @@ void remote_validate_end(uint64_t minibatch)
             same = after[i].size == end[i].size && after[i].addr == end[i].addr;
             c2 = fnv(c2, after[i].bytes, after[i].size);
         }
-        if (!failed && same && c1 == c2 && remote_rewind_adopt(learned, (size_t)nlearned, minibatch + 1) != 0)
+        if (!failed && same && c1 == c2 && learnt && remote_rewind_adopt(learned, (size_t)nlearned, minibatch + 1))
             failed = "allocating device memory for the state changed in place";
-        else if (!failed && same && c1 == c2)
+        else if (!failed && same && c1 == c2 && learnt)
             rlog("rank %d: replay validation at minibatch %llu: the minibatch changes %llu bytes in %ld range(s) of "
                  "device memory in place before its optimizer step (BatchNorm's running statistics, counters); "
                  "with them rewound, the replay of %llu calls reproduces device memory (checksum %016llx).  They "
@@ -1040,7 +1085,7 @@ void remote_validate_end(uint64_t minibatch)
                 failed = "writing the minibatch's result back";
     } else if (!failed) {
         remote_rewind_learned();
-        if (nlearned < 0)
+        if (!learnt)
             rlog("rank %d: replay validation at minibatch %llu: the replay of %llu calls reproduces device memory "
                  "(checksum %016llx, %.0f ms)", rank, (unsigned long long)minibatch, (unsigned long long)rs.calls,
                  (unsigned long long)c1, (now_s() - t0) * 1e3);
