@@ -179,19 +179,22 @@ def test_a_cudnn_program_is_recovered_underneath_bit_exact(dnn_train, tmp_path, 
 
 
 @REQUIRES_CUBLAS_HEADER
-def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_train, tmp_path):
+@pytest.mark.parametrize("fault", ["rank=1,op=ncclAllReduce,call=9,kind=hang",
+                                   "rank=2,op=ncclAllReduce,call=9,kind=sticky"])
+def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_train, tmp_path, fault):
     """Running statistics (and a batch counter, as PyTorch's num_batches_tracked, updated by a cuBLAS call)
     are updated in place in the forward pass: the state a failure leaves already holds the update and a
     plain replay would make it twice.  Replay validation at minibatch 5 finds those bytes
     (the replay differs there), checks that rewinding them makes the replay faithful, and from then on the
     proxy saves them at every minibatch boundary; the recovery from a hang at minibatch 6 writes them back
     before its replay, and the job ends with parameters and running statistics bit-identical to a
-    fault-free direct run.  Until validation has learned them, the worker says recovery waits for it."""
+    fault-free direct run.  The saves are in host memory, so a rank whose device memory is gone (the sticky
+    error) takes the replica's memory and then its own statistics.  Until validation has learned them, the
+    worker says recovery waits for it."""
     reference = torchrun(dnn_train, tmp_path, False, {"DNN_TRAIN_RUNNING": "1"})
     sums = set(CHECKSUM.findall(reference.stdout))
     assert reference.returncode == 0 and len({s for _, s in sums}) == 1, reference.stdout + reference.stderr
-    proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1",
-                                                "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang"})
+    proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1", "JITCKPT_SIMDEV_FAULT": fault})
     # (the emulator counts the validation's replayed all-reduces too: with the second replay that checks the
     # rewind, call 9 falls in minibatch 6)
     out = assert_recovered(proc, sums.pop()[1], minibatch=6)
@@ -205,6 +208,9 @@ def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_tr
     assert len(re.findall(r"rank \d: wrote back \d+ bytes of state changed in place, as saved at minibatch 6's "
                           r"start", out)) == 3, out[-4000:]
     assert "replay validation FAILED" not in out and "Transparent recovery is OFF" not in out, out[-4000:]
+    if "sticky" in fault:  # a new proxy and the replica's memory, then rank 2's own statistics
+        assert re.search(r"rank 2: recovered in \d+ ms \(stop \d+, new proxy \d+, .*replica copy \d+ ms for [1-9]\d* "
+                         r"bytes", out), out[-4000:]
 
 
 @REQUIRES_CUBLAS_HEADER
@@ -213,10 +219,6 @@ def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_tr
     ("rank=1,op=ncclAllReduce,call=5,kind=hang",
      r"rank \d changes device state in place before its optimizer step \(BatchNorm's running statistics\) that "
      r"replay validation has not learned yet"),
-    # a rank that lost its memory would get another rank's running statistics
-    ("rank=2,op=ncclAllReduce,call=9,kind=sticky",
-     r"rank 2 needs rank 0's device memory, but the job changes \d+ bytes in place before each optimizer step "
-     r"\(per-rank state"),
 ])
 def test_batchnorm_running_statistics_that_cannot_be_rewound_stop_the_job(dnn_train, tmp_path, fault, reason):
     """Where the running statistics cannot be brought back exactly, every rank stops with exit status 75 and

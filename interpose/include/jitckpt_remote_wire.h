@@ -153,7 +153,8 @@ struct jitckpt_wire {
                                                  pinned region whose descriptor the socket carries (seq) */
 #define JITCKPT_RFN_HOST_UNREGISTER 0xfff3u   /* u64 addr: synchronise, unregister and unmap a pinned region */
 #define JITCKPT_RFN_REWIND 0xfff4u            /* u64 dst, u32 n, n x (u64 addr, u64 bytes): the ranges copied to
-                                                 dst, one after another, at a minibatch boundary (asynchronous) */
+                                                 dst (pinned host memory shared with the proxy), one after
+                                                 another, at a minibatch boundary (asynchronous) */
 #define JITCKPT_REWIND_MAX_RANGES 2048u
 
 /* Pinned host memory shared with the proxy (interpose/remote/pinned.c,

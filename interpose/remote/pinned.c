@@ -186,14 +186,14 @@ int remote_pinned_is_managed(const void *p)
 
 static cudaError_t free_region(struct rcall *c, void *ptr, int have_proxy);
 
-/* A region of `size` bytes shared with the proxy, registered there with `flags`. */
-static cudaError_t alloc_region(void **out, size_t size, unsigned flags, int managed)
+/* A region of `size` bytes shared with the proxy, registered there with `flags` (c begun for
+ * JITCKPT_RFN_HOST_REGISTER, the call lock held). */
+static cudaError_t alloc_region_in(struct rcall *c, int have_proxy, void **out, size_t size, unsigned flags,
+                                   int managed)
 {
     size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = ((size ? size : 1) + page - 1) & ~(page - 1);
     if (size > SIZE_MAX - page)
         return cudaErrorMemoryAllocation;
-    struct rcall c;
-    int have_proxy = remote_begin_quiet(&c, JITCKPT_RFN_HOST_REGISTER) == 0;
     struct region r = {0, bytes, -1, 1, 0, flags, managed};
     void *p = MAP_FAILED;
     r.fd = memfd_create("jitckpt-pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -216,20 +216,50 @@ static cudaError_t alloc_region(void **out, size_t size, unsigned flags, int man
             free(p);
         if (r.fd >= 0)
             close(r.fd);
-        remote_end(&c);
         return cudaErrorMemoryAllocation;
     }
     if (have_proxy && r.fd >= 0)
-        share(&c, r.addr);
+        share(c, r.addr);
     if (managed && !find(r.addr)->shared) {      /* a kernel in the proxy could not reach it: no managed memory */
-        free_region(&c, p, 0);
-        remote_end(&c);
+        free_region(c, p, 0);
         return remote_refuse_call("cudaMallocManaged", "the device proxy could not map the memory at the same "
                                   "address");
     }
-    remote_end(&c);
     *out = p;
     return cudaSuccess;
+}
+
+static cudaError_t alloc_region(void **out, size_t size, unsigned flags, int managed)
+{
+    struct rcall c;
+    int have_proxy = remote_begin_quiet(&c, JITCKPT_RFN_HOST_REGISTER) == 0;
+    cudaError_t err = alloc_region_in(&c, have_proxy, out, size, flags, managed);
+    remote_end(&c);
+    return err;
+}
+
+/* rewind.c, under the call lock: `size` bytes of pinned memory the proxy has mapped at the same address (its
+ * copies write there), or NULL. */
+void *remote_pinned_alloc_locked(size_t size)
+{
+    struct rcall c;
+    void *p = NULL;
+    remote_begin_locked(&c, JITCKPT_RFN_HOST_REGISTER);
+    if (alloc_region_in(&c, 1, &p, size, 0, 0) != cudaSuccess)
+        return NULL;
+    if (!find((uintptr_t)p)->shared) {
+        remote_begin_locked(&c, JITCKPT_RFN_HOST_UNREGISTER);
+        free_region(&c, p, 0);
+        return NULL;
+    }
+    return p;
+}
+
+void remote_pinned_free_locked(void *p)
+{
+    struct rcall c;
+    remote_begin_locked(&c, JITCKPT_RFN_HOST_UNREGISTER);
+    free_region(&c, p, 1);
 }
 
 EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)

@@ -209,7 +209,7 @@ static uint64_t alloc_hash(uint64_t before)
 
 struct report {
     int mem, have;
-    unsigned long long done, first, host, allocs, rw, rwf;
+    unsigned long long done, first, host, allocs, rw, rwf, rwok;
     char cannot[64];
     char id[2 * sizeof(ncclUniqueId) + 1];
 };
@@ -217,9 +217,11 @@ struct report {
 static int parse_report(const char *tok, struct report *r)
 {
     memset(r, 0, sizeof *r);
-    int n = sscanf(tok, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%llx;rw=%llu;rwf=%llu;cannot=%63[^;];id=%256s",
-                   &r->mem, &r->done, &r->first, &r->host, &r->allocs, &r->rw, &r->rwf, r->cannot, r->id);
-    r->have = n == 9;
+    int n = sscanf(tok,
+                   "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%llx;rw=%llu;rwf=%llu;rwok=%llu;cannot=%63[^;];"
+                   "id=%256s", &r->mem, &r->done, &r->first, &r->host, &r->allocs, &r->rw, &r->rwf, &r->rwok,
+                   r->cannot, r->id);
+    r->have = n == 10;
     return r->have ? 0 : -1;
 }
 
@@ -435,6 +437,11 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     }
     double t_stop = now_s();
 
+    /* The newest minibatch marker this rank's device completed, as last published (a lost proxy's too). */
+    uint64_t seen_done = w ? __atomic_load_n(&w->done_marker, __ATOMIC_ACQUIRE) : last_done;
+    if (seen_done < last_done)
+        seen_done = last_done;
+
     /* 2. This rank's memory.  Driver suspect (memory_lost == RECOVER_SUSPECT): the device still
      * answers, but the proxy is not trusted: copy everything out, replace it, copy back. */
     int suspect = memory_lost == RECOVER_SUSPECT;
@@ -492,10 +499,11 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         }
     }
     char token[512];
-    snprintf(token, sizeof token, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%016llx;rw=%llu;rwf=%llu;cannot=%s;"
-             "id=%s", mem, (unsigned long long)(mem ? done : 0), (unsigned long long)first, (unsigned long long)host,
-             (unsigned long long)alloc_hash(first < host ? first : host), (unsigned long long)remote_rewind_bytes(),
-             (unsigned long long)remote_rewind_from(), cannot, id);
+    snprintf(token, sizeof token, "v1;mem=%d;done=%llu;first=%llu;host=%llu;allocs=%016llx;rw=%llu;rwf=%llu;rwok=%llu;"
+             "cannot=%s;id=%s", mem, (unsigned long long)(mem ? done : 0), (unsigned long long)first,
+             (unsigned long long)host, (unsigned long long)alloc_hash(first < host ? first : host),
+             (unsigned long long)remote_rewind_bytes(), (unsigned long long)remote_rewind_from(),
+             (unsigned long long)(mem ? done : seen_done), cannot, id);
     static struct report all[MAX_WORLD];
     if (rendezvous(token, all) != 0)
         give_up("the ranks could not meet through torchrun's store");
@@ -534,14 +542,19 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
                         "its state", r, root);
         }
     }
-    /* State changed in place (rewind.c): each rank writes back its own, saved at K's start. */
+    /* State changed in place (rewind.c): each rank writes back its own, saved at K's start in host memory
+     * (so a rank that lost its device memory has it too, if its device got that far). */
     for (int r = 0; r < world; r++) {
         if (!all[r].rw)
             continue;
-        if (need_fetch[r])
-            give_up("rank %d needs rank %d's device memory, but the job changes %llu bytes in place before each "
-                    "optimizer step (per-rank state such as BatchNorm's running statistics), which no replica holds "
-                    "for it", r, root, all[r].rw);
+        if (need_fetch[r] && all[r].host + 1 == K)
+            give_up("rank %d failed inside minibatch %llu's optimizer step, after that minibatch changed %llu bytes "
+                    "in place that only it held (per-rank state such as BatchNorm's running statistics): no replica "
+                    "has them", r, (unsigned long long)(K - 1), all[r].rw);
+        if (need_fetch[r] && all[r].rwok < K)
+            give_up("rank %d lost its device memory before its device had saved the %llu bytes it changes in place "
+                    "(per-rank state such as BatchNorm's running statistics) at minibatch %llu's start: no replica "
+                    "has them", r, all[r].rw, (unsigned long long)K);
         if (all[r].rwf > K)
             give_up("rank %d saves the state it changes in place from minibatch %llu on; the resume point %llu is "
                     "earlier", r, all[r].rwf, (unsigned long long)K);

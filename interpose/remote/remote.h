@@ -152,9 +152,9 @@ void remote_rewind_pending(const char *why, const void *a, const void *b);  /* a
                                                         no recovery until validation has learned them */
 const char *remote_rewind_unlearned(void);
 void remote_rewind_learned(void);
-/* restart.c: device memory of the worker's own, made before every minibatch */
-void remote_track_internal(uint64_t addr, uint64_t size);
-void remote_untrack_internal(uint64_t addr);
+/* pinned.c, under the call lock: pinned memory the proxy maps too (NULL: none could be had) */
+void *remote_pinned_alloc_locked(size_t size);
+void remote_pinned_free_locked(void *p);
 
 /* marshal.c: arguments and results, in parameter order (jitckpt_remote_wire.h) */
 void rc_put(struct rcall *c, const void *p, size_t n);

@@ -121,22 +121,6 @@ void remote_track_cudaFree(void *devPtr)
         }
 }
 
-/* rewind.c's buffer: restored by a restart like the program's memory, older than every minibatch. */
-void remote_track_internal(uint64_t addr, uint64_t size)
-{
-    PUSH(allocs, ((struct alloc){addr, size, current_device, NULL, 0}));
-}
-
-void remote_untrack_internal(uint64_t addr)
-{
-    for (size_t i = 0; i < n_allocs; i++)
-        if (allocs[i].addr == addr) {
-            memmove(&allocs[i], &allocs[i + 1], (n_allocs - i - 1) * sizeof *allocs);
-            n_allocs--;
-            return;
-        }
-}
-
 /* ---- for recovery (recover.c) ------------------------------------------------------- */
 
 size_t restart_n_allocs(void) { return n_allocs; }

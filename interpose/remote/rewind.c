@@ -10,17 +10,18 @@
  * where the replayed minibatch ends differently, in memory older than the
  * minibatch.  From then on the worker has the proxy copy those byte ranges at
  * every minibatch boundary, in the device's order (proxy_server/src/watch.c,
- * JITCKPT_RFN_REWIND), into one of two slots of a buffer of its own (the
- * minibatch's parity: the host may be one minibatch ahead of the device), and a
- * recovery writes the resumed minibatch's slot back before the replay.
+ * JITCKPT_RFN_REWIND), into one of two slots of pinned host memory shared
+ * with it (pinned.c; the slot of the minibatch's parity: the host may be one
+ * minibatch ahead of the device), and a recovery writes the resumed
+ * minibatch's slot back before the replay.
  *
- * The slots are device memory the worker tracks like the program's (made
- * before every minibatch: restart.c), so a proxy restart copies them out and
- * back.  A rank that needs another rank's memory cannot get its own values of
- * such state (BatchNorm's statistics are per rank), and a recovery says so and
- * stops (recover.c).  Until validation has learned the ranges, a library call
- * known to change state in place (dnn.c: BatchNorm in training mode) holds
- * recovery back: a failure then stops the job with the reason. */
+ * The slots are host memory, so they outlive the device memory: a rank whose
+ * proxy died or whose device failed takes the replica's memory and then its
+ * own values of that state (BatchNorm's statistics are per rank), provided the
+ * device had saved them (recover.c decides).  Until validation has learned the
+ * ranges, a library call known to change state in place (dnn.c: BatchNorm in
+ * training mode) holds recovery back: a failure then stops the job with the
+ * reason. */
 
 #include "remote.h"
 
@@ -30,7 +31,7 @@
 static struct rewind_range *ranges;
 static size_t nranges;
 static uint64_t total;               /* bytes of one slot */
-static uint64_t shadow;              /* two slots, minibatch parity */
+static unsigned char *slots;         /* two slots, minibatch parity (pinned, shared with the proxy) */
 static uint64_t valid_from;          /* the first minibatch whose start a slot holds */
 static const char *unlearned;        /* a call changes state in place that validation has not learned yet */
 
@@ -66,39 +67,28 @@ void remote_rewind_pending(const char *why, const void *a, const void *b)
 }
 
 /* Under the call lock: rewind `n` ranges from minibatch `from` on (its start is saved at the boundary
- * before it).  0, or -1 (the buffer could not be made; said). */
+ * before it).  0, or -1 (no pinned memory the proxy can write: said). */
 int remote_rewind_adopt(const struct rewind_range *r, size_t n, uint64_t from)
 {
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++)
         bytes += r[i].bytes;
     struct rewind_range *copy = malloc((n ? n : 1) * sizeof *copy);
-    struct rcall c;
-    void *p = NULL;
-    uint64_t size = 2 * bytes;
-    remote_begin_locked(&c, RFN_cudaMalloc);
-    rc_put_flag(&c, 1);
-    rc_put(&c, &size, sizeof size);
-    if (!copy || remote_call(&c) != 0 || rc_get(&c, &p, sizeof p) != 0 || !p) {
+    unsigned char *p = copy ? remote_pinned_alloc_locked(2 * bytes) : NULL;
+    if (!p) {
         free(copy);
-        rlog("cannot allocate %llu bytes of device memory for the state changed in place",
-             (unsigned long long)size);
+        rlog("cannot have %llu bytes of pinned host memory shared with the device proxy for the state changed in "
+             "place", (unsigned long long)(2 * bytes));
         return -1;
     }
-    if (shadow) {
-        void *old = (void *)(uintptr_t)shadow;
-        remote_begin_locked(&c, RFN_cudaFree);
-        rc_put(&c, &old, sizeof old);
-        remote_call(&c);
-        remote_untrack_internal(shadow);
-    }
-    remote_track_internal((uintptr_t)p, size);
+    if (slots)
+        remote_pinned_free_locked(slots);
     memcpy(copy, r, n * sizeof *copy);
     free(ranges);
     ranges = copy;
     nranges = n;
     total = bytes;
-    shadow = (uintptr_t)p;
+    slots = p;
     valid_from = from;
     return 0;
 }
@@ -109,7 +99,7 @@ void remote_rewind_save(uint64_t minibatch)
     if (!nranges)
         return;
     struct rcall c;
-    uint64_t dst = shadow + (minibatch & 1) * total;
+    uint64_t dst = (uintptr_t)(slots + (minibatch & 1) * total);
     uint32_t n = (uint32_t)nranges;
     remote_begin_locked(&c, JITCKPT_RFN_REWIND);
     rc_put(&c, &dst, sizeof dst);
@@ -121,17 +111,11 @@ void remote_rewind_save(uint64_t minibatch)
 /* Under the call lock: the state saved at the start of `minibatch` written back.  0, or an error. */
 int32_t remote_rewind_restore(struct rcall *c, uint64_t minibatch)
 {
-    if (!nranges)
-        return 0;
-    unsigned char *slot = malloc(total ? total : 1);
-    if (!slot)
-        return cudaErrorMemoryAllocation;
-    int32_t err = remote_read_device(c, shadow + (minibatch & 1) * total, slot, total);
-    uint64_t at = 0;
+    const unsigned char *slot = slots + (minibatch & 1) * total;
+    int32_t err = 0;
     for (size_t i = 0; i < nranges && err == 0; i++) {
-        err = remote_write_device(c, ranges[i].addr, slot + at, ranges[i].bytes);
-        at += ranges[i].bytes;
+        err = remote_write_device(c, ranges[i].addr, slot, ranges[i].bytes);
+        slot += ranges[i].bytes;
     }
-    free(slot);
     return err;
 }

@@ -326,8 +326,9 @@ void watch_mark(uint64_t index)
 /* ---- rewind saves (JITCKPT_RFN_REWIND; the worker's interpose/remote/rewind.c) ----------
  *
  * The byte ranges a minibatch changes in place before its optimizer step
- * (BatchNorm's running statistics, counters) are copied to `dst` at the
- * boundary between two minibatches, in the device's order: the legacy default
+ * (BatchNorm's running statistics, counters) are copied to `dst` (pinned
+ * host memory the worker shares with us) at the boundary between two
+ * minibatches, in the device's order: the legacy default
  * stream waits for every stream's work so far, copies, and every stream waits
  * for the copies before anything after them.  The next marker's events come
  * after the copies, so a completed marker means a completed save. */
@@ -359,7 +360,7 @@ int watch_rewind_save(uint64_t dst, uint32_t n, const uint64_t *ranges)
     cudaError_t err = cudaSuccess;
     for (uint32_t i = 0; i < n && err == cudaSuccess; i++) {
         err = r_memcpy_async((void *)(uintptr_t)dst, (const void *)(uintptr_t)ranges[2 * i], ranges[2 * i + 1],
-                             cudaMemcpyDeviceToDevice, NULL);
+                             cudaMemcpyDeviceToHost, NULL);
         dst += ranges[2 * i + 1];
     }
     cudaEvent_t done = event_get();

@@ -5,7 +5,9 @@
 //   h   = BN(x; gamma, beta)          cudnnBatchNormalizationForwardTraining (legacy API, tensor
 //                                     descriptors created and destroyed around the call, as PyTorch does;
 //                                     with DNN_TRAIN_RUNNING=1 the running mean and variance updated too,
-//                                     and a batch counter, += 1 by a cublasSgemm: PyTorch's num_batches_tracked)
+//                                     and a batch counter of each rank's own, += rank + 1 by a cublasSgemm:
+//                                     PyTorch's num_batches_tracked, made per rank to tell ranks' state apart;
+//                                     checked at the end: exit 1 if it is not steps * (rank + 1))
 //   ncclBroadcast(stats, root 0)      rank 0's running statistics everywhere (DDP broadcasts its buffers)
 //   err = conv(h, W) - y              backend API: a convolution-forward plan (beta = -1 over a copy of y)
 //   dW  = conv_bwd_filter(h, err) / B backend API, with the workspace the plan asks for
@@ -19,7 +21,7 @@
 // execution makes, finalizes and destroys its variant pack.  No kernel of its own: g++ against the
 // CUDA runtime, NCCL, cuBLAS and cuDNN; the job, the streams, the inputs and the checksum as blas_train.cpp's
 // (train_common.h).  Prints, as blas_train does,
-//   [rank R] final parameters checksum <FNV-1a 64 of P, the running statistics and the batch counter>
+//   [rank R] final parameters checksum <FNV-1a 64 of P and the running statistics>
 // and exits 1 at any failed call.
 
 #include <cublas_v2.h>
@@ -243,6 +245,7 @@ int main(int argc, char **argv)
     CUDA(cudaMemset(d_count, 0, sizeof(float)));
     CUDA(cudaMemcpy(d_p, params.data(), kParams * sizeof(float), cudaMemcpyHostToDevice));
     CUDA(cudaMemcpy(d_stats, stats.data(), 2 * kC * sizeof(float), cudaMemcpyHostToDevice));
+    const float rank_step = (float)(rank + 1);
     const float one = 1.0f, zero = 0.0f, inv_b = 1.0f / kB, step_size = -0.05f / (float)world;
     CUDA(cudaMemcpy(d_one, &one, sizeof one, cudaMemcpyHostToDevice));
     float *d_x = d_batch, *d_y = d_batch + kX, *d_w = d_p, *d_gamma = d_p + kFilter, *d_beta = d_gamma + kC;
@@ -290,8 +293,9 @@ int main(int argc, char **argv)
                                                    running ? d_stats + kC : nullptr, 1e-5, d_save, d_save + kC));
         DNN(cudnnDestroyTensorDescriptor(bnd));
         DNN(cudnnDestroyTensorDescriptor(xd));
-        if (running)  // count += 1 * 1: a counter updated in place by another library's call
-            BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_one, 1, d_one, 1, &one, d_count, 1));
+        if (running)  // count += (rank + 1) * 1 * 1: a counter updated in place by another library's call
+            BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &rank_step, d_one, 1, d_one, 1, &one, d_count,
+                             1));
         // every rank takes rank 0's running statistics (DDP broadcasts its buffers): the same on every rank
         on_nccl_stream(streams, [&](cudaStream_t s) {
             NCCL(ncclBroadcast(d_stats, d_stats, 2 * kC, ncclFloat32, 0, job.comm, s));
@@ -331,10 +335,10 @@ int main(int argc, char **argv)
     CUDA(cudaMemcpy(stats.data(), d_stats, 2 * kC * sizeof(float), cudaMemcpyDeviceToHost));
     float count = 0.0f;
     CUDA(cudaMemcpy(&count, d_count, sizeof count, cudaMemcpyDeviceToHost));
-    if (running && count != (float)steps)
+    if (running && count != (float)steps * rank_step)
         check(false, "the batch counter", __LINE__, "counted another number of batches than were run");
-    const uint64_t sum = fnv1a64(&count, sizeof count, fnv1a64(stats.data(), stats.size() * sizeof(float),
-                                 fnv1a64(params.data(), params.size() * sizeof(float))));
+    const uint64_t sum = fnv1a64(stats.data(), stats.size() * sizeof(float),
+                                 fnv1a64(params.data(), params.size() * sizeof(float)));
     print_checksum(rank, sum);
     DNN(cudnnDestroy(dnn));
     BLAS(cublasDestroy(blas));
