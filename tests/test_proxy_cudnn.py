@@ -28,7 +28,7 @@ from native_toolchain import (CUBLAS_INCLUDE, CUDA_HOME, CUDNN_INCLUDE, REQUIRES
                               REQUIRES_CUDA_TOOLCHAIN)
 from test_emulator import emulator  # noqa: F401  (fixture)
 from test_proxy import EMULATOR_BUILD, REMOTE_LIB, direct, env, proxy, remote, show  # noqa: F401
-from test_proxy_recovery import CHECKSUM, assert_recovered, torchrun
+from test_proxy_recovery import CHECKSUM, STEPS, assert_recovered, torchrun
 
 pytestmark = [*REQUIRES_CUDA_TOOLCHAIN, REQUIRES_CUDNN_HEADER]
 
@@ -180,7 +180,8 @@ def test_a_cudnn_program_is_recovered_underneath_bit_exact(dnn_train, tmp_path, 
 
 @REQUIRES_CUBLAS_HEADER
 @pytest.mark.parametrize("fault", ["rank=1,op=ncclAllReduce,call=9,kind=hang",
-                                   "rank=2,op=ncclAllReduce,call=9,kind=sticky"])
+                                   "rank=2,op=ncclAllReduce,call=9,kind=sticky",
+                                   "proxy-killed"])
 def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_train, tmp_path, fault):
     """Running statistics (and a batch counter, as PyTorch's num_batches_tracked, updated by a cuBLAS call)
     are updated in place in the forward pass: the state a failure leaves already holds the update and a
@@ -189,15 +190,23 @@ def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_tr
     proxy saves them at every minibatch boundary; the recovery from a hang at minibatch 6 writes them back
     before its replay, and the job ends with parameters and running statistics bit-identical to a
     fault-free direct run.  The saves are in host memory, so a rank whose device memory is gone (the sticky
-    error) takes the replica's memory and then its own statistics.  Until validation has learned them, the
+    error, rank 1's proxy killed with SIGKILL mid-run) takes the replica's memory and then its own counter
+    (the program checks it: each rank counts by its own step).  Until validation has learned them, the
     worker says recovery waits for it."""
-    reference = torchrun(dnn_train, tmp_path, False, {"DNN_TRAIN_RUNNING": "1"})
+    killed = fault == "proxy-killed"
+    steps = 40 if killed else STEPS
+    reference = torchrun(dnn_train, tmp_path, False, {"DNN_TRAIN_RUNNING": "1"}, steps=steps)
     sums = set(CHECKSUM.findall(reference.stdout))
     assert reference.returncode == 0 and len({s for _, s in sums}) == 1, reference.stdout + reference.stderr
-    proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1", "JITCKPT_SIMDEV_FAULT": fault})
+    if killed:  # slow all-reduces stretch the run, so that the kill (after step 10) lands mid-training
+        proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1",
+                                                    "JITCKPT_SIMDEV_FAULT": "op=ncclAllReduce,kind=slow,delay_ms=150"},
+                        steps=steps, kill_proxy_of=1)
+    else:
+        proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1", "JITCKPT_SIMDEV_FAULT": fault})
     # (the emulator counts the validation's replayed all-reduces too: with the second replay that checks the
     # rewind, call 9 falls in minibatch 6)
-    out = assert_recovered(proc, sums.pop()[1], minibatch=6)
+    out = assert_recovered(proc, sums.pop()[1], minibatch=None if killed else 6)
     assert len(re.findall(r"rank \d: cudnnBatchNormalizationForwardTraining updates the running mean and variance "
                           r"in place during the forward pass: a replay would apply that twice\.  Transparent recovery "
                           r"waits until replay validation has learned", out)) == 3, out[-4000:]
@@ -205,12 +214,13 @@ def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_tr
                          r"range\(s\) of device memory in place before its optimizer step", out)
     # the running mean and variance (2 channels: 16 bytes) and the batch counter (4 bytes), two allocations
     assert learned == [("20", "2")] * 3, out[-4000:]
-    assert len(re.findall(r"rank \d: wrote back \d+ bytes of state changed in place, as saved at minibatch 6's "
-                          r"start", out)) == 3, out[-4000:]
+    assert len(re.findall(r"rank \d: wrote back 20 bytes of state changed in place, as saved at minibatch "
+                          + (r"\d+" if killed else "6") + "'s start", out)) == 3, out[-4000:]
     assert "replay validation FAILED" not in out and "Transparent recovery is OFF" not in out, out[-4000:]
-    if "sticky" in fault:  # a new proxy and the replica's memory, then rank 2's own statistics
-        assert re.search(r"rank 2: recovered in \d+ ms \(stop \d+, new proxy \d+, .*replica copy \d+ ms for [1-9]\d* "
-                         r"bytes", out), out[-4000:]
+    lost = "2" if "sticky" in fault else "1" if killed else None
+    if lost:  # a new proxy and the replica's memory, then the rank's own statistics and counter
+        assert re.search(rf"rank {lost}: recovered in \d+ ms \(stop \d+, new proxy \d+, .*replica copy \d+ ms for "
+                         r"[1-9]\d* bytes", out), out[-4000:]
 
 
 @REQUIRES_CUBLAS_HEADER

@@ -123,6 +123,8 @@ struct jitckpt_wire {
     uint32_t recovery_on;        /* written by the worker: 1 when it recovers (serve.c's recover_first) */
     uint64_t coll_oldest_ns;     /* CLOCK_MONOTONIC ns when the oldest unfinished collective was enqueued; 0: none */
     uint64_t done_marker;        /* minibatch markers completed on the device: the newest index + 1 */
+    int32_t rewind_error;        /* the first failed JITCKPT_RFN_REWIND save (a recovery cannot count on it) */
+    uint32_t rewind_pad;
     /* Host functions (cudaLaunchHostFunc, cudaStreamAddCallback; hostfn.c on
      * both sides).  When the proxy's runtime reaches one, the proxy writes its
      * id (and status) into slot cb_posted % JITCKPT_WIRE_CB_SLOTS, advances
@@ -152,10 +154,12 @@ struct jitckpt_wire {
 #define JITCKPT_RFN_HOST_REGISTER 0xfff2u     /* u64 seq, u64 addr, u64 size, u32 flags: map and register the
                                                  pinned region whose descriptor the socket carries (seq) */
 #define JITCKPT_RFN_HOST_UNREGISTER 0xfff3u   /* u64 addr: synchronise, unregister and unmap a pinned region */
-#define JITCKPT_RFN_REWIND 0xfff4u            /* u64 dst, u32 n, n x (u64 addr, u64 bytes): the ranges copied to
-                                                 dst (pinned host memory shared with the proxy), one after
-                                                 another, at a minibatch boundary (asynchronous) */
+#define JITCKPT_RFN_REWIND 0xfff4u            /* u64 dst, u64 stamp, u64 value, u32 n, n x (u64 addr, u64 bytes):
+                                                 the ranges copied to dst (pinned host memory shared with the
+                                                 proxy), one after another, at a minibatch boundary, then value
+                                                 written to the u64 at stamp once they are (asynchronous) */
 #define JITCKPT_REWIND_MAX_RANGES 2048u
+#define JITCKPT_REWIND_SLOTS 8              /* saves kept: the host may run this many minibatches ahead */
 
 /* Pinned host memory shared with the proxy (interpose/remote/pinned.c,
  * proxy_server/src/pinned.c): cudaHostAlloc's pages are a memfd, mapped at

@@ -170,19 +170,6 @@ EXPORT void cudnnGetLastErrorString(char *message, size_t max_size)
     remote_end(&c);
 }
 
-/* A BatchNorm forward pass in training mode updated its running statistics in place.  The device state a
- * recovery meets (the forward passes over, the optimizer not yet run) already holds the update, and a replay
- * of the minibatch would make it a second time, unless those bytes are rewound first (rewind.c): replay
- * validation learns them (with PyTorch's num_batches_tracked, which a kernel counts), and until it has, a
- * failure stops the job with the reason, said now. */
-void remote_dnn_running_stats(const void *mean, const void *variance, double factor)
-{
-    if ((mean == NULL && variance == NULL) || factor == 0.0 || !remote_recovery_enabled())
-        return;
-    remote_rewind_pending("cudnnBatchNormalizationForwardTraining updates the running mean and variance in place "
-                          "during the forward pass", mean, variance);
-}
-
 /* ---- legacy tensor descriptors (kept here) ----------------------------------------------- */
 
 #define TENSOR_MAGIC 0x6a6b4474u                   /* "jkDt" */
@@ -193,6 +180,27 @@ static struct dnn_tensor *tensor_of(const void *p)
     const struct dnn_tensor *t = p;
     return t && !JITCKPT_VH_IS_VIRTUAL((uint64_t)(uintptr_t)p) && t->magic == TENSOR_MAGIC ? (struct dnn_tensor *)t
                                                                                              : NULL;
+}
+
+/* A BatchNorm forward pass in training mode updated its running statistics in place.  The device state a
+ * recovery meets (the forward passes over, the optimizer not yet run) already holds the update, and a replay
+ * of the minibatch would make it a second time, unless those bytes are rewound first: rewind.c learns that
+ * from replay validation; here it hears of the whole mean and variance (the descriptor's extent), so that no
+ * channel the validated minibatch happened to leave unchanged is missed, and until it has them a failure
+ * stops the job with the reason. */
+void remote_dnn_running_stats(const void *desc, const void *mean, const void *variance, double factor)
+{
+    const struct dnn_tensor *t = tensor_of(desc);
+    if ((mean == NULL && variance == NULL) || factor == 0.0 || !remote_recovery_enabled() || !t || !t->t.set)
+        return;
+    uint64_t extent = 1;                               /* elements, from the largest offset + 1 */
+    for (int i = 0; i < t->t.nb_dims; i++)
+        extent += (uint64_t)(t->t.dims[i] - 1) * (uint64_t)t->t.strides[i];
+    uint64_t bytes = extent * (t->t.data_type == CUDNN_DATA_DOUBLE ? 8u : 4u);
+    const char *why = "cudnnBatchNormalizationForwardTraining updates the running mean and variance in place "
+                      "during the forward pass";
+    remote_rewind_hint(why, (uintptr_t)mean, bytes);
+    remote_rewind_hint(why, (uintptr_t)variance, bytes);
 }
 
 EXPORT cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t *tensorDesc)

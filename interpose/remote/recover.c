@@ -437,10 +437,8 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     }
     double t_stop = now_s();
 
-    /* The newest minibatch marker this rank's device completed, as last published (a lost proxy's too). */
-    uint64_t seen_done = w ? __atomic_load_n(&w->done_marker, __ATOMIC_ACQUIRE) : last_done;
-    if (seen_done < last_done)
-        seen_done = last_done;
+    /* Whether the saves of state changed in place failed (read before a new proxy replaces the segment). */
+    int32_t save_failed = w ? __atomic_load_n(&w->rewind_error, __ATOMIC_ACQUIRE) : 0;
 
     /* 2. This rank's memory.  Driver suspect (memory_lost == RECOVER_SUSPECT): the device still
      * answers, but the proxy is not trusted: copy everything out, replace it, copy back. */
@@ -481,6 +479,8 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         /* said when validation failed; the other ranks give up too */
     } else if (remote_rewind_unlearned()) {
         cannot = "inplace";
+    } else if (remote_rewind_bytes() && (save_failed || !remote_rewind_intact())) {
+        cannot = "rewind";
     } else if (restart_n_comms() != 1) {
         cannot = "communicators";
     } else {
@@ -503,7 +503,7 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
              "cannot=%s;id=%s", mem, (unsigned long long)(mem ? done : 0), (unsigned long long)first,
              (unsigned long long)host, (unsigned long long)alloc_hash(first < host ? first : host),
              (unsigned long long)remote_rewind_bytes(), (unsigned long long)remote_rewind_from(),
-             (unsigned long long)(mem ? done : seen_done), cannot, id);
+             (unsigned long long)remote_rewind_saved_upto(), cannot, id);
     static struct report all[MAX_WORLD];
     if (rendezvous(token, all) != 0)
         give_up("the ranks could not meet through torchrun's store");
@@ -519,6 +519,9 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         if (strcmp(all[r].cannot, "inplace") == 0)
             give_up("rank %d changes device state in place before its optimizer step (BatchNorm's running "
                     "statistics) that replay validation has not learned yet: a replay would apply it twice", r);
+        if (strcmp(all[r].cannot, "rewind") == 0)
+            give_up("rank %d could not save the state it changes in place before its optimizer step (a failed "
+                    "copy, or host memory the device proxy could not map)", r);
         if (strcmp(all[r].cannot, "managed") == 0)
             give_up("rank %d has managed memory (cudaMallocManaged), which a replay cannot reset", r);
         if (strcmp(all[r].cannot, "none") != 0)
@@ -551,16 +554,17 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
             give_up("rank %d failed inside minibatch %llu's optimizer step, after that minibatch changed %llu bytes "
                     "in place that only it held (per-rank state such as BatchNorm's running statistics): no replica "
                     "has them", r, (unsigned long long)(K - 1), all[r].rw);
-        if (need_fetch[r] && all[r].rwok < K)
-            give_up("rank %d lost its device memory before its device had saved the %llu bytes it changes in place "
-                    "(per-rank state such as BatchNorm's running statistics) at minibatch %llu's start: no replica "
-                    "has them", r, all[r].rw, (unsigned long long)K);
+        if (!(need_fetch[r] && all[r].host + 1 == K) && all[r].rwok < K)
+            give_up("rank %d's device had not saved the %llu bytes it changes in place (per-rank state such as "
+                    "BatchNorm's running statistics) at minibatch %llu's start (the newest saved: %llu)%s", r,
+                    all[r].rw, (unsigned long long)K, all[r].rwok, need_fetch[r] ? ": no replica has them" : "");
         if (all[r].rwf > K)
             give_up("rank %d saves the state it changes in place from minibatch %llu on; the resume point %llu is "
                     "earlier", r, all[r].rwf, (unsigned long long)K);
-        if (all[r].host >= K + 2)
-            give_up("rank %d's host ran two minibatches ahead of the resume point %llu, so the state it changes in "
-                    "place, saved at that minibatch's start, may be overwritten", r, (unsigned long long)K);
+        if (all[r].host >= K + JITCKPT_REWIND_SLOTS)
+            give_up("rank %d's host ran %d minibatches ahead of the resume point %llu, so the state it changes in "
+                    "place, saved at that minibatch's start, may be overwritten", r, JITCKPT_REWIND_SLOTS,
+                    (unsigned long long)K);
     }
     int skip = 0;
     if (need_fetch[rank]) {
@@ -929,15 +933,18 @@ static int range_cmp(const void *a, const void *b)
 static long learn_ranges(uint64_t minibatch, const struct snap *end, const struct snap *after, size_t n,
                          struct rewind_range **out, const char **why)
 {
-    const struct rewind_range *old;
-    size_t nold = remote_rewind_ranges(&old), cap = nold + 64, k = 0;
+    const struct rewind_range *old, *hint;
+    size_t nold = remote_rewind_ranges(&old), nhint = remote_rewind_hints(&hint), cap = nold + nhint + 64, k = 0;
+    uint64_t scanned = 0;
     struct rewind_range *r = malloc(cap * sizeof *r);
     if (!r) {
         *why = "out of memory";
         return -1;
     }
-    memcpy(r, old, nold * sizeof *r);
-    k = nold;
+    for (size_t i = 0; i < nold; i++)
+        r[k++] = old[i];
+    for (size_t i = 0; i < nhint; i++)           /* what library calls said they change (dnn.c), whole */
+        r[k++] = hint[i];
     for (size_t i = 0; i < n; i++) {
         if (memcmp(end[i].bytes, after[i].bytes, end[i].size) == 0)
             continue;
@@ -971,6 +978,12 @@ static long learn_ranges(uint64_t minibatch, const struct snap *end, const struc
             }
             r[k++] = (struct rewind_range){end[i].addr + lo, hi - lo};
             b = hi;
+            scanned += hi - lo;
+            if (k > 4 * JITCKPT_REWIND_MAX_RANGES || scanned > REWIND_MAX_BYTES) {   /* no use going on */
+                free(r);
+                *why = "more than the limits of state to rewind (2048 ranges, 256 MiB)";
+                return -1;
+            }
         }
     }
     qsort(r, k, sizeof *r, range_cmp);
@@ -1042,10 +1055,10 @@ void remote_validate_end(uint64_t minibatch)
     }
     /* State changed in place: learn it (the start of the minibatch was copied out), and check again.  The
      * check replays the collectives too, so every rank makes it if any rank learned something. */
-    if (!failed && same && c1 != c2 && start_for == (int64_t)minibatch)
+    if (!failed && same && (c1 != c2 || !remote_rewind_hints_covered()) && start_for == (int64_t)minibatch)
         nlearned = learn_ranges(minibatch, end, after, nend, &learned, &unlearnable);
     int retry = 0;
-    if (!failed && start_for == (int64_t)minibatch) {
+    if (!failed) {                                   /* every validating rank meets, whatever it found */
         char token[32];
         snprintf(token, sizeof token, "v1;learn=%d", nlearned >= 0);
         if (rendezvous_tokens(token, VALIDATE_GENERATION + (long)minibatch, each_learn, &retry) != 0)
@@ -1073,7 +1086,8 @@ void remote_validate_end(uint64_t minibatch)
             c2 = fnv(c2, after[i].bytes, after[i].size);
         }
         if (!failed && same && c1 == c2 && learnt && remote_rewind_adopt(learned, (size_t)nlearned, minibatch + 1))
-            failed = "allocating device memory for the state changed in place";
+            remote_recovery_off("rewind", "there is no pinned host memory shared with the device proxy for the "
+                                "state the program changes in place");
         else if (!failed && same && c1 == c2 && learnt)
             rlog("rank %d: replay validation at minibatch %llu: the minibatch changes %llu bytes in %ld range(s) of "
                  "device memory in place before its optimizer step (BatchNorm's running statistics, counters); "

@@ -148,8 +148,13 @@ uint64_t remote_rewind_from(void);                   /* the first minibatch whos
 int remote_rewind_adopt(const struct rewind_range *r, size_t n, uint64_t from);
 void remote_rewind_save(uint64_t minibatch);         /* at the boundary before `minibatch`, before its marker */
 int32_t remote_rewind_restore(struct rcall *c, uint64_t minibatch);
-void remote_rewind_pending(const char *why, const void *a, const void *b);  /* a call changes a, b in place:
+void remote_rewind_hint(const char *why, uint64_t addr, uint64_t bytes);   /* a call changed these in place:
                                                         no recovery until validation has learned them */
+size_t remote_rewind_hints(const struct rewind_range **out);
+void remote_rewind_freed(uint64_t addr, uint64_t size);   /* restart.c: the program freed device memory */
+int remote_rewind_intact(void);                      /* the slots are mapped by the current proxy */
+int remote_rewind_hints_covered(void);               /* every announced range is rewound */
+uint64_t remote_rewind_saved_upto(void);             /* the newest minibatch whose start is saved, or 0 */
 const char *remote_rewind_unlearned(void);
 void remote_rewind_learned(void);
 /* pinned.c, under the call lock: pinned memory the proxy maps too (NULL: none could be had) */
@@ -242,7 +247,7 @@ void remote_dnn_put_tensor(struct rcall *c, cudnnTensorDescriptor_t desc);
 size_t remote_dnn_scalar_bytes(cudnnTensorDescriptor_t desc, const void *scalar);
 int32_t remote_dnn_recreate(struct rcall *c, int32_t (*set_device)(struct rcall *c, int device));
 void remote_dnn_minibatch_begins(void);
-void remote_dnn_running_stats(const void *mean, const void *variance, double factor);
+void remote_dnn_running_stats(const void *desc, const void *mean, const void *variance, double factor);
 #endif
 void *remote_local_fn(void **cache, const char *name, int lib);
 

@@ -114,6 +114,7 @@ void remote_track_cudaFree(void *devPtr)
         if (allocs[i].addr == (uintptr_t)devPtr) {
             if (allocs[i].minibatch < calllog_minibatch())  /* a replay could not bring its bytes back */
                 calllog_set_noreplay("it frees device memory allocated before it");
+            remote_rewind_freed(allocs[i].addr, allocs[i].size);
             /* Keep the order of allocation (recover.c frees and a replay re-makes them in order). */
             memmove(&allocs[i], &allocs[i + 1], (n_allocs - i - 1) * sizeof *allocs);
             n_allocs--;

@@ -602,9 +602,9 @@ CUBLASLT_HAND = ("cublasLtCreate", "cublasLtDestroy", "cublasLtGetStatusName", "
 # "null_only"): a call with one is refused by name.  Every other function of the headers is refused by name.
 _DNN = {"handle": "dnn"}
 # BatchNorm's running statistics are updated in place during the forward pass: a replay of the minibatch would
-# apply the update twice (interpose/remote/dnn.c turns transparent recovery off, saying so).
-_RUNNING_STATS = ("if (jr_ret == 0) remote_dnn_running_stats(resultRunningMean, resultRunningVariance, "
-                  "exponentialAverageFactor)")
+# apply the update twice (interpose/remote/dnn.c announces them to interpose/remote/rewind.c, whole).
+_RUNNING_STATS = ("if (jr_ret == 0) remote_dnn_running_stats(bnScaleBiasMeanVarDesc, resultRunningMean, "
+                  "resultRunningVariance, exponentialAverageFactor)")
 
 
 def _bn(scalars: tuple[str, ...] = (), of: str = "xDesc", mode: str = "async", after: str = "") -> Fact:

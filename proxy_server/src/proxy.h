@@ -83,7 +83,8 @@ int watch_dropping(uint64_t pos);                    /* 1: drop the unexecuted r
 int watch_is_comm_init(unsigned fn);
 void watch_comm_created(const unsigned char *rep, size_t n);
 void watch_mark(uint64_t index);                     /* a minibatch marker on every stream */
-int watch_rewind_save(uint64_t dst, uint32_t n, const uint64_t *ranges);  /* ranges copied at the boundary */
+int watch_rewind_save(uint64_t dst, uint64_t stamp, uint64_t value, uint32_t n, const uint64_t *ranges);
+                                                      /* ranges copied at the boundary, then stamped */
 uint64_t watch_done_marker(void);
 void watch_set_done_marker(uint64_t v);
 void watch_clear(void);                              /* recovery done: forget collectives and markers */

@@ -83,14 +83,15 @@ static int32_t execute(struct jitckpt_wire *w, uint64_t arena_size, unsigned fn,
         shadow->rep_len = 0;
         return 0;
     }
-    if (fn == JITCKPT_RFN_REWIND) {                     /* u64 dst, u32 n, n (addr, bytes) pairs (watch.c) */
-        uint64_t dst, r[2 * JITCKPT_REWIND_MAX_RANGES];
+    if (fn == JITCKPT_RFN_REWIND) {                     /* dst, stamp, value, n (addr, bytes) pairs (watch.c) */
+        uint64_t dst, stamp, value, r[2 * JITCKPT_REWIND_MAX_RANGES];
         uint32_t n;
-        if (rd_get(&d, &dst, sizeof dst) != 0 || rd_get(&d, &n, sizeof n) != 0 || n > JITCKPT_REWIND_MAX_RANGES ||
-            rd_get(&d, r, 16u * n) != 0)
+        if (rd_get(&d, &dst, sizeof dst) != 0 || rd_get(&d, &stamp, sizeof stamp) != 0 ||
+            rd_get(&d, &value, sizeof value) != 0 || rd_get(&d, &n, sizeof n) != 0 ||
+            n > JITCKPT_REWIND_MAX_RANGES || rd_get(&d, r, 16u * n) != 0)
             return RD_BAD;
         shadow->rep_len = 0;
-        return watch_rewind_save(dst, n, r);
+        return watch_rewind_save(dst, stamp, value, n, r);
     }
     ret = dispatch_special(fn, &d, &handled);
     if (!handled) {

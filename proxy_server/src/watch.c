@@ -46,6 +46,8 @@ static __typeof__(cudaEventQuery) *r_event_query;
 static __typeof__(cudaEventSynchronize) *r_event_sync;
 static __typeof__(cudaStreamWaitEvent) *r_stream_wait;
 static __typeof__(cudaMemcpyAsync) *r_memcpy_async;
+static __typeof__(cudaDeviceSynchronize) *r_device_sync;
+static __typeof__(cudaLaunchHostFunc) *r_host_func;
 static __typeof__(ncclCommGetAsyncError) *r_comm_async;
 static __typeof__(ncclCommAbort) *r_comm_abort;
 
@@ -279,8 +281,11 @@ static void poll_markers(void)
             cudaError_t e = r_event_query(m->ev[m->n - 1]);
             if (e == cudaErrorNotReady)
                 return;
-            if (e != cudaSuccess && W->device_error == 0)
-                __atomic_store_n(&W->device_error, (int32_t)e, __ATOMIC_SEQ_CST);
+            if (e != cudaSuccess) {      /* not completed: a device error (the marker never counts as done) */
+                if (W->device_error == 0)
+                    __atomic_store_n(&W->device_error, (int32_t)e, __ATOMIC_SEQ_CST);
+                return;
+            }
             event_put(m->ev[m->n - 1]);
         }
         __atomic_store_n(&W->done_marker, m->index + 1, __ATOMIC_SEQ_CST);
@@ -330,44 +335,72 @@ void watch_mark(uint64_t index)
  * host memory the worker shares with us) at the boundary between two
  * minibatches, in the device's order: the legacy default
  * stream waits for every stream's work so far, copies, and every stream waits
- * for the copies before anything after them.  The next marker's events come
- * after the copies, so a completed marker means a completed save. */
+ * for the copies before anything after them.  A host function then writes
+ * the save's stamp (the minibatch) into the worker's memory: a save is
+ * complete when its stamp is there, whatever became of this process. */
 
 static void join_stream(uint64_t vid, void *real, void *arg)
 {
     (void)vid;
     cudaEvent_t e = event_get();
-    if (e && r_event_record(e, (cudaStream_t)real) == cudaSuccess)
-        r_stream_wait(NULL, e, 0);
+    if (!e || r_event_record(e, (cudaStream_t)real) != cudaSuccess || r_stream_wait(NULL, e, 0) != cudaSuccess)
+        *(int *)arg = 1;
     event_put(e);
-    (void)arg;
 }
+
+struct wait_arg { cudaEvent_t e; int failed; };
 
 static void wait_for(uint64_t vid, void *real, void *arg)
 {
     (void)vid;
-    r_stream_wait((cudaStream_t)real, (cudaEvent_t)arg, 0);
+    struct wait_arg *a = arg;
+    if (r_stream_wait((cudaStream_t)real, a->e, 0) != cudaSuccess)
+        a->failed = 1;
 }
 
-int watch_rewind_save(uint64_t dst, uint32_t n, const uint64_t *ranges)
+struct stamp { uint64_t *at, value; };
+
+static void write_stamp(void *arg)                     /* the runtime's thread, once the copies are done */
+{
+    struct stamp *s = arg;
+    __atomic_store_n(s->at, s->value, __ATOMIC_RELEASE);
+    free(s);
+}
+
+int watch_rewind_save(uint64_t dst, uint64_t stamp, uint64_t value, uint32_t n, const uint64_t *ranges)
 {
     if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
         return 0;                                      /* (recovery is off for a job that captures) */
     if (!r_stream_wait || !r_memcpy_async)
         return cudaErrorNotSupported;
     pthread_mutex_lock(&mu);
-    vh_each(VH_STREAM, join_stream, NULL);
+    int unordered = 0;
+    vh_each(VH_STREAM, join_stream, &unordered);
+    if (unordered && r_device_sync)                    /* no events: the whole device, then the copies */
+        r_device_sync();
     cudaError_t err = cudaSuccess;
     for (uint32_t i = 0; i < n && err == cudaSuccess; i++) {
         err = r_memcpy_async((void *)(uintptr_t)dst, (const void *)(uintptr_t)ranges[2 * i], ranges[2 * i + 1],
                              cudaMemcpyDeviceToHost, NULL);
         dst += ranges[2 * i + 1];
     }
-    cudaEvent_t done = event_get();
-    if (done && r_event_record(done, NULL) == cudaSuccess)
-        vh_each(VH_STREAM, wait_for, done);
-    event_put(done);
+    struct stamp *st = err == cudaSuccess ? malloc(sizeof *st) : NULL;
+    if (st) {
+        *st = (struct stamp){(uint64_t *)(uintptr_t)stamp, value};
+        if (!r_host_func || (err = r_host_func(NULL, write_stamp, st)) != cudaSuccess)
+            free(st);
+    }
+    struct wait_arg a = {event_get(), 0};
+    if (!a.e || r_event_record(a.e, NULL) != cudaSuccess)
+        a.failed = 1;
+    else
+        vh_each(VH_STREAM, wait_for, &a);
+    if (a.failed && r_device_sync)                     /* nothing after the copies may start before them */
+        r_device_sync();
+    event_put(a.e);
     pthread_mutex_unlock(&mu);
+    if (err != cudaSuccess && W->rewind_error == 0)    /* a save that failed: no recovery counts on it */
+        __atomic_store_n(&W->rewind_error, (int32_t)err, __ATOMIC_SEQ_CST);
     return err;
 }
 
@@ -652,6 +685,8 @@ int watch_start(struct jitckpt_wire *w)
     r_event_sync = (__typeof__(r_event_sync))proxy_sym(cudart, "cudaEventSynchronize");
     r_stream_wait = (__typeof__(r_stream_wait))proxy_sym(cudart, "cudaStreamWaitEvent");
     r_memcpy_async = (__typeof__(r_memcpy_async))proxy_sym(cudart, "cudaMemcpyAsync");
+    r_device_sync = (__typeof__(r_device_sync))proxy_sym(cudart, "cudaDeviceSynchronize");
+    r_host_func = (__typeof__(r_host_func))proxy_sym(cudart, "cudaLaunchHostFunc");
     r_comm_async = nccl ? (__typeof__(r_comm_async))proxy_sym(nccl, "ncclCommGetAsyncError") : NULL;
     r_comm_abort = nccl ? (__typeof__(r_comm_abort))proxy_sym(nccl, "ncclCommAbort") : NULL;
     if (!r_event_create || !r_event_record || !r_event_query) {

@@ -327,8 +327,10 @@ int main(int argc, char **argv)
         BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kParams, 1, 1, &step_size, d_g, kParams, d_one, 1, &one,
                          d_p, kParams));
         optimizer.end();  // minibatch `step` ends, step + 1 begins
-        if (rank == 0 && step % 5 == 0)
-            std::printf("[rank 0] step %d\n", step);
+        if (rank == 0 && step % 5 == 0) {   // (flushed: a test kills a proxy when it sees step 10)
+            std::printf("[rank 0] step %d done\n", step);
+            std::fflush(stdout);
+        }
     }
     CUDA(cudaStreamSynchronize(compute));
     CUDA(cudaMemcpy(params.data(), d_p, kParams * sizeof(float), cudaMemcpyDeviceToHost));
