@@ -145,7 +145,7 @@ static uint64_t need_of_stream(uint64_t vid)
 /* ---- the record being executed (main thread) ---------------------------------------- */
 
 enum fn_kind { K_OTHER, K_COLL, K_GROUP_START, K_GROUP_END, K_EVENT_RECORD, K_STREAM_WAIT, K_WORK, K_BLAS_WORK,
-               K_BLAS_SET_STREAM, K_COMM_INIT,
+               K_BLAS_SET_STREAM, K_BLAS_GONE, K_COMM_INIT,
                K_COMM_GONE, K_CAPTURE_BEGIN, K_CAPTURE_END };
 /* Captures under way (main thread writes, the watcher reads).  While one is,
  * nothing here records or queries an event: an event recorded in a capturing
@@ -188,6 +188,8 @@ static void classify(void)
             kinds[fn] = K_CAPTURE_END;
         else if (strcmp(n, "cublasSetStream_v2") == 0 || strcmp(n, "cudnnSetStream") == 0)
             kinds[fn] = K_BLAS_SET_STREAM;
+        else if (strcmp(n, "cublasDestroy_v2") == 0 || strcmp(n, "cudnnDestroy") == 0)
+            kinds[fn] = K_BLAS_GONE;
         else if (strncmp(n, "cublas", 6) == 0 && (strstr(n, "gemm") || strstr(n, "Gemm")))
             kinds[fn] = K_BLAS_WORK;           /* work on the handle's stream (issue 19) */
         else if (strncmp(n, "cudnnBatchNormalization", 23) == 0)
@@ -212,9 +214,18 @@ static uint64_t cur_stream, cur_event, cur_comm, cur_blas;
  * back as a launch on it is.  Set by cublasSetStream_v2 or cudnnSetStream (the worker sends it again to a
  * new proxy); a handle never given one works on stream 0.  (Virtual ids name their kind: one table.)
  * Main thread only. */
-#define MAX_BLAS 256
+#define MAX_BLAS 4096
 static struct { uint64_t blas, stream; } blas_streams[MAX_BLAS];
 static int n_blas_streams;
+
+static void forget_blas(uint64_t blas)                /* the handle is destroyed */
+{
+    for (int i = 0; i < n_blas_streams; i++)
+        if (blas_streams[i].blas == blas) {
+            blas_streams[i] = blas_streams[--n_blas_streams];
+            return;
+        }
+}
 
 static uint64_t stream_of_blas(uint64_t blas)
 {
@@ -231,8 +242,14 @@ static void set_stream_of_blas(uint64_t blas, uint64_t stream)
             blas_streams[i].stream = stream;
             return;
         }
-    if (n_blas_streams < MAX_BLAS)
+    if (n_blas_streams < MAX_BLAS) {
         blas_streams[n_blas_streams++] = (typeof(blas_streams[0])){blas, stream};
+    } else {
+        static int said;
+        if (!said++)
+            plog("more than %d cuBLAS and cuDNN handles with a stream are alive: work on the others is not held "
+                 "back behind an unfinished collective (a recovery may then meet changed parameters)", MAX_BLAS);
+    }
 }
 static int group_depth;
 static uint64_t group_streams[64];
@@ -446,6 +463,8 @@ int watch_handle(int kind, uint64_t vid)
     }
     if (kind == VH_BLAS || kind == VH_DNN) {
         cur_blas = vid;
+        if (cur_kind == K_BLAS_GONE)
+            forget_blas(vid);
         if (cur_kind != K_BLAS_WORK)
             return 0;
         vid = stream_of_blas(vid);             /* a GEMM: held back as work on its handle's stream */
