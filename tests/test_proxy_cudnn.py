@@ -178,6 +178,19 @@ def test_a_cudnn_program_is_recovered_underneath_bit_exact(dnn_train, tmp_path, 
     assert "is not supported in transparent mode" not in out
 
 
+_running_references: dict[int, str] = {}
+
+
+def running_reference(dnn_train: Path, tmp_path: Path, steps: int) -> str:
+    """The final checksum of a fault-free direct run with running statistics (once per number of steps)."""
+    if steps not in _running_references:
+        proc = torchrun(dnn_train, tmp_path, False, {"DNN_TRAIN_RUNNING": "1"}, steps=steps)
+        sums = set(CHECKSUM.findall(proc.stdout))
+        assert proc.returncode == 0 and len({s for _, s in sums}) == 1, proc.stdout + proc.stderr
+        _running_references[steps] = sums.pop()[1]
+    return _running_references[steps]
+
+
 @REQUIRES_CUBLAS_HEADER
 @pytest.mark.parametrize("fault", ["rank=1,op=ncclAllReduce,call=9,kind=hang",
                                    "rank=2,op=ncclAllReduce,call=9,kind=sticky",
@@ -195,9 +208,7 @@ def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_tr
     worker says recovery waits for it."""
     killed = fault == "proxy-killed"
     steps = 40 if killed else STEPS
-    reference = torchrun(dnn_train, tmp_path, False, {"DNN_TRAIN_RUNNING": "1"}, steps=steps)
-    sums = set(CHECKSUM.findall(reference.stdout))
-    assert reference.returncode == 0 and len({s for _, s in sums}) == 1, reference.stdout + reference.stderr
+    reference = running_reference(dnn_train, tmp_path, steps)
     if killed:  # slow all-reduces stretch the run, so that the kill (after step 10) lands mid-training
         proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1",
                                                     "JITCKPT_SIMDEV_FAULT": "op=ncclAllReduce,kind=slow,delay_ms=150"},
@@ -206,7 +217,7 @@ def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_tr
         proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1", "JITCKPT_SIMDEV_FAULT": fault})
     # (the emulator counts the validation's replayed all-reduces too: with the second replay that checks the
     # rewind, call 9 falls in minibatch 6)
-    out = assert_recovered(proc, sums.pop()[1], minibatch=None if killed else 6)
+    out = assert_recovered(proc, reference, minibatch=None if killed else 6)
     assert len(re.findall(r"rank \d: cudnnBatchNormalizationForwardTraining updates the running mean and variance "
                           r"in place during the forward pass: a replay would apply that twice\.  Transparent recovery "
                           r"waits until replay validation has learned", out)) == 3, out[-4000:]
