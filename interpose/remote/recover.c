@@ -1065,20 +1065,12 @@ void remote_validate_end(uint64_t minibatch)
             failed = "agreeing with the other ranks on the state changed in place";
     }
     int learnt = nlearned >= 0;                      /* this rank found ranges to rewind */
-    if (!failed && retry && !learnt) {               /* check again with what is rewound already */
-        const struct rewind_range *old;
-        nlearned = (long)remote_rewind_ranges(&old);
-        learned = malloc((nlearned ? (size_t)nlearned : 1) * sizeof *learned);
-        if (learned)
-            memcpy(learned, old, (size_t)nlearned * sizeof *learned);
-        else
-            failed = "out of memory";
-    }
-    if (!failed && retry) {
+    if (!failed && retry) {                          /* (one that did not checks again with what it rewinds) */
         free_snap(after, nafter);
         after = NULL;
         rs.calls = 0;
-        failed = replay_from_pre(&c, minibatch, learned, (size_t)nlearned, &rs, &after, &nafter);
+        failed = replay_from_pre(&c, minibatch, learnt ? learned : NULL, learnt ? (size_t)nlearned : 0, &rs, &after,
+                                 &nafter);
         same = !failed && nafter == nend;
         c2 = 1469598103934665603ull;
         for (size_t i = 0; same && i < nafter; i++) {

@@ -185,7 +185,7 @@ static unsigned char *slot_of(uint64_t minibatch)
 /* Under the call lock, at the boundary before minibatch `minibatch` (before its marker). */
 void remote_rewind_save(uint64_t minibatch)
 {
-    if (!nranges || !remote_rewind_intact())
+    if (!nranges || !remote_rewind_intact() || !remote_recovery_active())
         return;                     /* (a recovery refuses: recover.c asks remote_rewind_intact) */
     struct rcall c;
     uint64_t dst = (uintptr_t)slot_of(minibatch), stamp = (uintptr_t)&stamps[minibatch % JITCKPT_REWIND_SLOTS];

@@ -115,6 +115,16 @@ int pinned_contains(const void *p)
     return 0;
 }
 
+/* [p, p + n) lies in one region mapped from the worker. */
+int pinned_contains_range(const void *p, uint64_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (size_t i = 0; i < nregions; i++)
+        if (a >= regions[i].addr && a - regions[i].addr < regions[i].size)
+            return n <= regions[i].size - (a - regions[i].addr);
+    return 0;
+}
+
 static void resolve(void)
 {
     if (r_peek)

@@ -112,6 +112,7 @@ int32_t proxy_sync_all(void);                        /* cudaDeviceSynchronize on
 void pinned_set_socket(int sock);                    /* serve.c: the worker's connection */
 void pinned_receive(void);                           /* take the descriptors waiting on the socket */
 int pinned_contains(const void *p);                  /* 1: p lies in a region mapped from the worker */
+int pinned_contains_range(const void *p, uint64_t n); /* 1: [p, p + n) lies in one such region */
 int32_t dispatch_pinned(unsigned fn, struct rdisp *d);   /* JITCKPT_RFN_HOST_REGISTER, _UNREGISTER */
 
 #endif

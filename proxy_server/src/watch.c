@@ -46,8 +46,9 @@ static __typeof__(cudaEventQuery) *r_event_query;
 static __typeof__(cudaEventSynchronize) *r_event_sync;
 static __typeof__(cudaStreamWaitEvent) *r_stream_wait;
 static __typeof__(cudaMemcpyAsync) *r_memcpy_async;
-static __typeof__(cudaDeviceSynchronize) *r_device_sync;
 static __typeof__(cudaLaunchHostFunc) *r_host_func;
+static __typeof__(cudaPeekAtLastError) *r_peek_error;
+static __typeof__(cudaGetLastError) *r_get_error;
 static __typeof__(ncclCommGetAsyncError) *r_comm_async;
 static __typeof__(ncclCommAbort) *r_comm_abort;
 
@@ -384,18 +385,31 @@ static void write_stamp(void *arg)                     /* the runtime's thread, 
     free(s);
 }
 
+static void rewind_failed(cudaError_t err)
+{
+    if (W->rewind_error == 0)
+        __atomic_store_n(&W->rewind_error, (int32_t)(err ? err : cudaErrorUnknown), __ATOMIC_SEQ_CST);
+}
+
+/* Never an error of the program's: a save that cannot be made only makes a later recovery refuse
+ * (rewind_error), and what the runtime noted of it is forgotten. */
 int watch_rewind_save(uint64_t dst, uint64_t stamp, uint64_t value, uint32_t n, const uint64_t *ranges)
 {
     if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
         return 0;                                      /* (recovery is off for a job that captures) */
-    if (!r_stream_wait || !r_memcpy_async)
-        return cudaErrorNotSupported;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+        bytes += ranges[2 * i + 1];
+    if (!r_stream_wait || !r_memcpy_async || !r_host_func || !pinned_contains_range((void *)(uintptr_t)dst, bytes) ||
+        !pinned_contains_range((void *)(uintptr_t)stamp, sizeof(uint64_t))) {
+        rewind_failed(cudaErrorInvalidValue);
+        return 0;
+    }
+    cudaError_t before = r_peek_error ? r_peek_error() : cudaSuccess;
     pthread_mutex_lock(&mu);
     int unordered = 0;
     vh_each(VH_STREAM, join_stream, &unordered);
-    if (unordered && r_device_sync)                    /* no events: the whole device, then the copies */
-        r_device_sync();
-    cudaError_t err = cudaSuccess;
+    cudaError_t err = unordered ? cudaErrorUnknown : cudaSuccess;   /* (no event: no save it could be sure of) */
     for (uint32_t i = 0; i < n && err == cudaSuccess; i++) {
         err = r_memcpy_async((void *)(uintptr_t)dst, (const void *)(uintptr_t)ranges[2 * i], ranges[2 * i + 1],
                              cudaMemcpyDeviceToHost, NULL);
@@ -404,21 +418,23 @@ int watch_rewind_save(uint64_t dst, uint64_t stamp, uint64_t value, uint32_t n, 
     struct stamp *st = err == cudaSuccess ? malloc(sizeof *st) : NULL;
     if (st) {
         *st = (struct stamp){(uint64_t *)(uintptr_t)stamp, value};
-        if (!r_host_func || (err = r_host_func(NULL, write_stamp, st)) != cudaSuccess)
+        if ((err = r_host_func(NULL, write_stamp, st)) != cudaSuccess)
             free(st);
+    } else if (err == cudaSuccess) {
+        err = cudaErrorMemoryAllocation;
     }
     struct wait_arg a = {event_get(), 0};
     if (!a.e || r_event_record(a.e, NULL) != cudaSuccess)
         a.failed = 1;
     else
         vh_each(VH_STREAM, wait_for, &a);
-    if (a.failed && r_device_sync)                     /* nothing after the copies may start before them */
-        r_device_sync();
     event_put(a.e);
     pthread_mutex_unlock(&mu);
-    if (err != cudaSuccess && W->rewind_error == 0)    /* a save that failed: no recovery counts on it */
-        __atomic_store_n(&W->rewind_error, (int32_t)err, __ATOMIC_SEQ_CST);
-    return err;
+    if (err != cudaSuccess || unordered || a.failed)   /* (work after the copies may have overtaken them) */
+        rewind_failed(err);
+    if (before == cudaSuccess && r_get_error)
+        r_get_error();                  /* our failures are not the program's last error */
+    return 0;
 }
 
 uint64_t watch_done_marker(void)
@@ -704,8 +720,9 @@ int watch_start(struct jitckpt_wire *w)
     r_event_sync = (__typeof__(r_event_sync))proxy_sym(cudart, "cudaEventSynchronize");
     r_stream_wait = (__typeof__(r_stream_wait))proxy_sym(cudart, "cudaStreamWaitEvent");
     r_memcpy_async = (__typeof__(r_memcpy_async))proxy_sym(cudart, "cudaMemcpyAsync");
-    r_device_sync = (__typeof__(r_device_sync))proxy_sym(cudart, "cudaDeviceSynchronize");
     r_host_func = (__typeof__(r_host_func))proxy_sym(cudart, "cudaLaunchHostFunc");
+    r_peek_error = (__typeof__(r_peek_error))proxy_sym(cudart, "cudaPeekAtLastError");
+    r_get_error = (__typeof__(r_get_error))proxy_sym(cudart, "cudaGetLastError");
     r_comm_async = nccl ? (__typeof__(r_comm_async))proxy_sym(nccl, "ncclCommGetAsyncError") : NULL;
     r_comm_abort = nccl ? (__typeof__(r_comm_abort))proxy_sym(nccl, "ncclCommAbort") : NULL;
     if (!r_event_create || !r_event_record || !r_event_query) {
