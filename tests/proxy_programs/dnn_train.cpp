@@ -211,6 +211,9 @@ int main(int argc, char **argv)
     // an evicted plan-cache entry), and makes one execution that fails, whose status it ignores (as
     // cudnn_frontend's plan timing does)
     const int rebuild = env_int("DNN_TRAIN_REBUILD", 0);
+    // DNN_TRAIN_MOVE_COUNTER_AT=N: minibatch N starts by moving the batch counter to a new allocation and
+    // freeing the old one (memory holding state changed in place is freed)
+    const int move_counter_at = env_int("DNN_TRAIN_MOVE_COUNTER_AT", 0);
     const Options opt = parse_options(argc, argv);
     const int steps = opt.steps;
     const Job job = join(opt.rendezvous_dir);
@@ -270,6 +273,13 @@ int main(int argc, char **argv)
                         t += 0.3f * (float)((k + c) % 3 - 1) * batch[(n * kC + c) * kH * kW + p];
                     batch[kX + (n * kK + k) * kH * kW + p] = t;
                 }
+        if (step == move_counter_at) {
+            float *moved;
+            CUDA(cudaMalloc((void **)&moved, sizeof(float)));
+            CUDA(cudaMemcpy(moved, d_count, sizeof(float), cudaMemcpyDeviceToDevice));
+            CUDA(cudaFree(d_count));
+            d_count = moved;
+        }
         DNN(cudnnSetStream(dnn, compute));  // (PyTorch sets the handle's stream before every call)
         if (forward.plan == nullptr) {     // the first minibatch builds the plans; they are kept
             forward = conv_plan(dnn, CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, 1.0f, -1.0f);
