@@ -205,6 +205,26 @@ static uint64_t alloc_hash(uint64_t before)
     return h;
 }
 
+/* Frees the allocations made in minibatch `from` or later, newest first (a replay makes them again, at the same
+ * addresses).  0, or the first error. */
+static int32_t free_since(struct rcall *c, uint64_t from)
+{
+    int32_t first = 0;
+    for (size_t i = restart_n_allocs(); i-- > 0;) {
+        uint64_t a, sz, mb;
+        restart_alloc(i, &a, &sz, &mb);
+        if (mb < from)
+            continue;
+        void *p = (void *)(uintptr_t)a;
+        remote_begin_locked(c, RFN_cudaFree);
+        rc_put(c, &p, sizeof p);
+        int32_t err = remote_call(c);
+        if (err && !first)
+            first = err;
+    }
+    return first;
+}
+
 /* ---- the rendezvous through torchrun's store ---------------------------------------- */
 
 struct report {
@@ -554,7 +574,7 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
             give_up("rank %d failed inside minibatch %llu's optimizer step, after that minibatch changed %llu bytes "
                     "in place that only it held (per-rank state such as BatchNorm's running statistics): no replica "
                     "has them", r, (unsigned long long)(K - 1), all[r].rw);
-        if (!(need_fetch[r] && all[r].host + 1 == K) && all[r].rwok < K)
+        if (all[r].rwok < K)
             give_up("rank %d's device had not saved the %llu bytes it changes in place (per-rank state such as "
                     "BatchNorm's running statistics) at minibatch %llu's start (the newest saved: %llu)%s", r,
                     all[r].rw, (unsigned long long)K, all[r].rwok, need_fetch[r] ? ": no replica has them" : "");
@@ -587,16 +607,7 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
 
     /* 5. Free what the minibatches from K allocated (the replay makes it again, at the same addresses). */
     if (!skip)
-        for (size_t i = restart_n_allocs(); i-- > 0;) {
-            uint64_t a, s, mb;
-            restart_alloc(i, &a, &s, &mb);
-            if (mb < K)
-                continue;
-            void *p = (void *)(uintptr_t)a;
-            remote_begin_locked(&c, RFN_cudaFree);
-            rc_put(&c, &p, sizeof p);
-            remote_call(&c);
-        }
+        free_since(&c, K);
     /* The communicator, behind the same virtual id. */
     ncclUniqueId u;
     if (unhex(all[0].id, (unsigned char *)&u, sizeof u) != 0)
@@ -778,11 +789,6 @@ static int32_t write_alloc(struct rcall *c, uint64_t addr, const unsigned char *
     return 0;
 }
 
-int32_t remote_read_device(struct rcall *c, uint64_t addr, void *to, uint64_t n)
-{
-    return read_alloc(c, addr, to, n);
-}
-
 int32_t remote_write_device(struct rcall *c, uint64_t addr, const void *from, uint64_t n)
 {
     return write_alloc(c, addr, from, n);
@@ -882,17 +888,8 @@ static const char *replay_from_pre(struct rcall *c, uint64_t minibatch, const st
     } else if (remote_rewind_restore(c, minibatch) != 0) {
         return "writing the state changed in place back";
     }
-    for (size_t i = restart_n_allocs(); i-- > 0;) {
-        uint64_t a, sz, mb;
-        restart_alloc(i, &a, &sz, &mb);
-        if (mb < minibatch)
-            continue;
-        void *p = (void *)(uintptr_t)a;
-        remote_begin_locked(c, RFN_cudaFree);
-        rc_put(c, &p, sizeof p);
-        if (remote_call(c) != 0)
-            return "freeing the minibatch's allocations";
-    }
+    if (free_since(c, minibatch) != 0)
+        return "freeing the minibatch's allocations";
     if (calllog_each(minibatch, 0, replay_one, NULL, rs) != 0)
         return "replaying the minibatch";
     if (simple(JITCKPT_RFN_RST_SYNC, NULL, 0, c) != 0)
@@ -919,6 +916,7 @@ static int each_learn(int r, const char *tok, void *arg)
 #define REWIND_MAX_BYTES (256ull << 20)
 #define REWIND_ALIGN 64u
 #define REWIND_GAP 256u
+static const char over_limits[] = "more than the limits of state to rewind (2048 ranges, 256 MiB)";
 
 static int range_cmp(const void *a, const void *b)
 {
@@ -981,7 +979,7 @@ static long learn_ranges(uint64_t minibatch, const struct snap *end, const struc
             scanned += hi - lo;
             if (k > 4 * JITCKPT_REWIND_MAX_RANGES || scanned > REWIND_MAX_BYTES) {   /* no use going on */
                 free(r);
-                *why = "more than the limits of state to rewind (2048 ranges, 256 MiB)";
+                *why = over_limits;
                 return -1;
             }
         }
@@ -1006,7 +1004,7 @@ static long learn_ranges(uint64_t minibatch, const struct snap *end, const struc
         bytes += r[i].bytes;
     if (m > JITCKPT_REWIND_MAX_RANGES || bytes > REWIND_MAX_BYTES) {
         free(r);
-        *why = "more than the limits of state to rewind (2048 ranges, 256 MiB)";
+        *why = over_limits;
         return -1;
     }
     *out = r;

@@ -136,7 +136,6 @@ void remote_phase_begin(uint64_t index);             /* calllog.c: an optimizer 
 void remote_validate_begin(uint64_t minibatch);      /* under the call lock */
 void remote_validate_end(uint64_t minibatch);        /* under the call lock */
 extern uint64_t remote_alloc_minibatch_of(uint64_t addr);
-int32_t remote_read_device(struct rcall *c, uint64_t addr, void *to, uint64_t n);         /* RST_READ */
 int32_t remote_write_device(struct rcall *c, uint64_t addr, const void *from, uint64_t n);  /* RST_WRITE */
 void remote_validate_prepare(uint64_t next);         /* under the call lock: minibatch `next` begins */
 
