@@ -200,7 +200,8 @@ def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_tr
     are updated in place in the forward pass: the state a failure leaves already holds the update and a
     plain replay would make it twice.  Replay validation at minibatch 5 finds those bytes
     (the replay differs there), checks that rewinding them makes the replay faithful, and from then on the
-    proxy saves them at every minibatch boundary; the recovery from a hang at minibatch 6 writes them back
+    proxy saves them at every minibatch boundary; the recovery from a hang at minibatch 6 (run as a user
+    types it: jit-run --transparent --emulated-gpus 3 --hang-timeout 2 torchrun ...) writes them back
     before its replay, and the job ends with parameters and running statistics bit-identical to a
     fault-free direct run.  The saves are in host memory, so a rank whose device memory is gone (the sticky
     error, rank 1's proxy killed with SIGKILL mid-run) takes the replica's memory and then its own counter
@@ -209,7 +210,17 @@ def test_batchnorm_running_statistics_are_rewound_and_recovered_bit_exact(dnn_tr
     killed = fault == "proxy-killed"
     steps = 40 if killed else STEPS
     reference = running_reference(dnn_train, tmp_path, steps)
-    if killed:  # slow all-reduces stretch the run, so that the kill (after step 10) lands mid-training
+    if "hang" in fault:  # what a user types: jit-run starts the proxies, the rendezvous helper, the timeout
+        run = tmp_path / "jit-run"
+        run.mkdir()
+        e = env({"JITCKPT_PYTHON": sys.executable, "PYTHONPATH": str(REPO), "DNN_TRAIN_RUNNING": "1",
+                 "JITCKPT_SIMDEV_FAULT": fault})
+        e.pop("JITCKPT_HANG_TIMEOUT", None)
+        proc = subprocess.run([sys.executable, "-m", "jitckpt", "--transparent", "--emulated-gpus", "3",
+                               "--hang-timeout", "2", "torchrun", "--standalone", "--nproc_per_node", "3",
+                               "--no-python", str(dnn_train), "--steps", str(steps), "--rendezvous-dir", str(run)],
+                              env=e, capture_output=True, text=True, timeout=300, cwd=REPO)
+    elif killed:  # slow all-reduces stretch the run, so that the kill (after step 10) lands mid-training
         proc = torchrun(dnn_train, tmp_path, True, {"DNN_TRAIN_RUNNING": "1",
                                                     "JITCKPT_SIMDEV_FAULT": "op=ncclAllReduce,kind=slow,delay_ms=150"},
                         steps=steps, kill_proxy_of=1)
