@@ -192,7 +192,9 @@ def test_a_job_whose_save_links_its_vocabulary_in_leaves_the_original_alone(tmp_
     ckpt = tmp_path / "ckpt"
     result = run_jit(ckpt, nproc=2, args=["--steps", "8", "--vocab", str(vocab), "--die", "1:4"], script=VOCAB_SCRIPT)
     assert result.returncode == 0, result.output[-4000:]
-    resumed = re.findall(r"resumed at minibatch (\d+) with the vocabulary from (\S+)", result.output)
+    # (the path ends in rank-NNNNN: the two ranks' lines may interleave in the output, a line's end glued to
+    # the other rank's next line)
+    resumed = re.findall(r"resumed at minibatch (\d+) with the vocabulary from (\S*?/rank-\d+)", result.output)
     assert len(resumed) == 2, result.output[-4000:]
     assert _mode(vocab) == 0o644, f"the shared vocabulary became {_mode(vocab):o}"
     for _, path in resumed:
