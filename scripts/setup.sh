@@ -92,4 +92,10 @@ if [ ! -f "$CACHE/nccl-$NCCL_OLDEST/include/nccl.h" ]; then
         say "warning: could not cache NCCL $NCCL_OLDEST's nccl.h; tests/test_native_nccl_versions.py will fail"
     fi
 fi
+# ---- byte code, once ----
+# Environments that set PYTHONDONTWRITEBYTECODE (CI's does) would compile jitckpt in every process
+# that imports it: the launcher, each agent and each worker, ~0.15 s of CPU each, thousands of
+# times in a test run.  Compiled once here; Python still checks each file's time stamp.
+PYTHONDONTWRITEBYTECODE= "$PY" -m compileall -q jitckpt examples tests/user_programs >/dev/null ||
+    say "warning: could not compile jitckpt's byte code (every process will compile it again)"
 say "done"
