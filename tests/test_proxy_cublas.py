@@ -232,3 +232,39 @@ def test_a_cublas_program_is_recovered_underneath_bit_exact(blas_train, tmp_path
     if fault == "sticky":  # a new proxy: the handle re-created, with its stream, workspace and modes
         assert re.search(r"rank 2: recovered in \d+ ms \(stop \d+, new proxy \d+, ", out), out[-4000:]
     assert "is not supported in transparent mode" not in out
+
+
+def test_a_rank_that_cannot_replay_the_validated_minibatch_moves_the_check_for_every_rank(blas_train, tmp_path):
+    """Rank 0 times step 6 (minibatch 5, the one validated) with CUDA events it creates there, as a script that
+    measures a step on rank 0 does: that minibatch cannot be replayed on rank 0.  The check replays the
+    minibatch's all-reduce, so every rank checks or none does.  Before, ranks 1 and 2 replayed alone and their
+    replayed all-reduce met rank 0's next real one.  Now every rank skips minibatch 5, checks minibatch 6, and a
+    later hang is recovered bit-exact."""
+    reference = blas_reference(blas_train, tmp_path, "0")
+    proc = torchrun(blas_train, tmp_path, True, {"TRAIN_TIME_STEP": "0:6", "BLAS_TRAIN_LT": "0",
+                                                  "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang"})
+    out = assert_recovered(proc, reference, minibatch=7)
+    assert "[rank 0] step 6 took" in out, out[-4000:]
+    skipped = re.findall(r"rank (\d): replay validation at minibatch 5 is skipped on every rank: rank 0 cannot take "
+                         r"part \(the minibatch creates or destroys a stream, an event or a library handle there\); "
+                         r"it is tried again at the next minibatch", out)
+    assert sorted(skipped) == ["0", "1", "2"], out[-4000:]
+    assert len(re.findall(r"replay validation at minibatch 6: the replay of \d+ calls reproduces", out)) == 3, out[-4000:]
+    assert "FAILED" not in out, out[-4000:]
+
+
+def test_a_rank_whose_recovery_is_off_keeps_the_other_ranks_from_checking_alone(blas_train, tmp_path):
+    """Only rank 1 allocates managed memory, so only its recovery is off.  Before, ranks 0 and 2 checked
+    minibatch 5 alone, their replayed all-reduce unanswered, and the job stopped.  Every rank skips the check,
+    says why, and training ends with the fault-free run's parameters (the managed buffer is never used)."""
+    reference = blas_reference(blas_train, tmp_path, "0")
+    proc = torchrun(blas_train, tmp_path, True, {"BLAS_TRAIN_LT": "0"}, rank_1_env="BLAS_TRAIN_MANAGED=1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert re.search(r"rank 1: the program allocated managed memory \(cudaMallocManaged\), which a replay cannot "
+                     r"reset.*Transparent recovery is OFF", out), out[-4000:]
+    skipped = re.findall(r"rank (\d): replay validation at minibatch 5 is skipped on every rank: rank 1 cannot take "
+                         r"part \(its transparent recovery is off \(said above\)\); the next is at its usual time", out)
+    assert sorted(skipped) == ["0", "2"], out[-4000:]
+    assert "replay validation at minibatch 5: the replay" not in out and "FAILED" not in out, out[-4000:]
+    assert dict(CHECKSUM.findall(proc.stdout)) == {"0": reference, "1": reference, "2": reference}, out[-4000:]

@@ -712,14 +712,26 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
  * back, so the job goes on exactly as without the check, and transparent
  * recovery is off for the job: at the next failure every rank stops with
  * exit status 75 and the job falls back to its checkpoints.  All ranks
- * validate the same minibatch, so the replayed collectives meet.  Costs two
- * host copies of device memory, once every N minibatches. */
+ * validate the same minibatch, so the replayed collectives meet: the replay
+ * re-runs them, and a rank that did not replay would have its next real
+ * collective matched with the others' replayed one.  So whether to check is
+ * agreed first (validate_agree): a rank that cannot (its recovery is off, a
+ * failure under way, a minibatch that creates a stream or an event there,
+ * memory it could not copy out) says why, and no rank checks; a check skipped
+ * for a passing reason is tried again at the next minibatch, at most
+ * VALIDATE_RETRIES times in a row.  Costs two host copies of device memory
+ * and two meetings through torchrun's store, once every N minibatches. */
 
 static struct snap *pre;
 static size_t npre;
 static int64_t validating = -1;
 static long validate_at = 5, validate_every = 1000;
 static int validate_configured;
+#define VALIDATE_RETRIES 3
+static int64_t validate_retry = -1;     /* a skipped check is tried again at this minibatch */
+static int validate_retries;            /* checks skipped in a row */
+static int64_t skip_for = -1;           /* the minibatch this rank cannot check, and why (a code of skip_text) */
+static const char *skip_code;
 
 static void validate_configure(void)
 {
@@ -749,9 +761,9 @@ void remote_recovery_off(const char *code, const char *why)
 static int validate_now(uint64_t minibatch)
 {
     validate_configure();
-    if (validate_at < 0 || invalid || (long)minibatch < validate_at)
+    if (validate_at < 0 || (long)minibatch < validate_at)
         return 0;
-    if ((long)minibatch == validate_at)
+    if ((long)minibatch == validate_at || (int64_t)minibatch == validate_retry)
         return 1;
     return validate_every > 0 && ((long)minibatch - validate_at) % validate_every == 0;
 }
@@ -839,7 +851,7 @@ void remote_validate_prepare(uint64_t next)
     free_snap(start, nstart);
     start = NULL;
     start_for = -1;
-    if (!remote_recovery_enabled() || !validate_now(next))
+    if (!remote_recovery_enabled() || invalid || !validate_now(next))
         return;
     struct rcall c;
     validate_starting = 1;
@@ -854,20 +866,46 @@ void remote_validate_begin(uint64_t minibatch)
 {
     if (!remote_recovery_enabled() || !validate_now(minibatch) || validating >= 0)
         return;
+    skip_for = (int64_t)minibatch;         /* until the copy is made: this rank cannot check, and why */
+    if (invalid) {
+        skip_code = "off";
+        return;
+    }
     struct rcall c;
     int32_t dev = -1;
     uint64_t done = 0;
     validate_starting = 1;                 /* the synchronisation waits for the minibatch's collectives */
     int32_t err = simple(JITCKPT_RFN_RST_HEALTH, NULL, 0, &c);
     validate_starting = 0;
+    skip_code = "failed";
     if (err != 0 || rc_get(&c, &dev, sizeof dev) != 0 || rc_get(&c, &done, sizeof done) != 0 || dev != 0)
         return;                            /* a failure (recovered above, or to come): no validation now */
     calllog_drop_until(done);
-    if (calllog_first() != minibatch || calllog_noreplay(minibatch))
+    skip_code = calllog_first() != minibatch ? "behind" : calllog_noreplay(minibatch) ? "noreplay" : "copy";
+    if (strcmp(skip_code, "copy") != 0)
         return;
     pre = snapshot(&c, &npre);
-    if (pre)
+    if (pre) {
         validating = (int64_t)minibatch;
+        skip_for = -1;
+    }
+}
+
+/* Why a rank cannot take part in a check (its token's code). */
+static const char *skip_text(const char *code)
+{
+    static const struct { const char *code, *text; } texts[] = {
+        {"off", "its transparent recovery is off (said above)"},
+        {"failed", "its device proxy failed (the recovery deals with it)"},
+        {"behind", "its call log still holds earlier minibatches"},
+        {"noreplay", "the minibatch creates or destroys a stream, an event or a library handle there"},
+        {"copy", "its device memory could not be copied out"},
+        {"unmarked", "its optimizer phase was not marked in this minibatch"},
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        if (strcmp(code, texts[i].code) == 0)
+            return texts[i].text;
+    return code;
 }
 
 /* The state a recovery meets (S_pre, the state changed in place rewound: from `learn` copied out at the
@@ -901,6 +939,50 @@ static const char *replay_from_pre(struct rcall *c, uint64_t minibatch, const st
 
 /* The validation's meeting (generations from here: a recovery's count from 1). */
 #define VALIDATE_GENERATION 1000000000L
+
+struct agreement { int first; char code[16]; };
+
+static int each_check(int r, const char *tok, void *arg)
+{
+    struct agreement *a = arg;
+    int check = 0;
+    char code[16] = "";
+    if (sscanf(tok, "v1;check=%d;why=%15[a-z]", &check, code) < 1)
+        return -1;
+    if (!check && a->first < 0) {
+        a->first = r;
+        snprintf(a->code, sizeof a->code, "%s", code);
+    }
+    return 0;
+}
+
+/* Every rank, at the end of a minibatch that is due to be checked: whether every rank can check it (1), or
+ * not (0: said, and a retry scheduled unless a rank's recovery is off), or -1 if the ranks could not meet.
+ * Ranks that pass the same tokens decide the same. */
+static int validate_agree(uint64_t minibatch, int can)
+{
+    char token[64];
+    if (can)
+        snprintf(token, sizeof token, "v1;check=1");
+    else
+        snprintf(token, sizeof token, "v1;check=0;why=%s", invalid ? "off"
+                 : skip_for == (int64_t)minibatch && skip_code ? skip_code : "unmarked");
+    struct agreement a = {-1, ""};
+    if (rendezvous_tokens(token, VALIDATE_GENERATION + 2 * (long)minibatch, each_check, &a) != 0)
+        return -1;
+    if (a.first < 0) {
+        validate_retries = 0;
+        return 1;
+    }
+    int again = strcmp(a.code, "off") != 0 && validate_retries < VALIDATE_RETRIES;
+    validate_retries = again ? validate_retries + 1 : 0;
+    validate_retry = again ? (int64_t)minibatch + 1 : -1;
+    if (!invalid)
+        rlog("rank %d: replay validation at minibatch %llu is skipped on every rank: rank %d cannot take part (%s); "
+             "%s", rank, (unsigned long long)minibatch, a.first, skip_text(a.code),
+             again ? "it is tried again at the next minibatch" : "the next is at its usual time");
+    return 0;
+}
 
 static int each_learn(int r, const char *tok, void *arg)
 {
@@ -1014,22 +1096,30 @@ static long learn_ranges(uint64_t minibatch, const struct snap *end, const struc
 /* Under the call lock: minibatch `minibatch` ended (its log segment is complete). */
 void remote_validate_end(uint64_t minibatch)
 {
-    if (validating != (int64_t)minibatch) {
-        validating = -1;
-        free_snap(pre, npre);
-        pre = NULL;
-        return;
-    }
+    int due = validate_now(minibatch), can = validating == (int64_t)minibatch;
     validating = -1;
-    double t0 = now_s();
-    struct rcall c;
-    in_recovery = watch_protocol = 1;          /* a failure during the check: the job stops (remote_recover) */
-    busy = "replay validation";
+    if (validate_retry == (int64_t)minibatch)
+        validate_retry = -1;
     const char *failed = NULL, *unlearnable = NULL;
     size_t nend = 0, nafter = 0;
     struct snap *end = NULL, *after = NULL;
     struct rewind_range *learned = NULL;
     long nlearned = -1;
+    if (!due) {
+        free_snap(pre, npre);
+        pre = NULL;
+        return;
+    }
+    double t0 = now_s();
+    struct rcall c;
+    in_recovery = watch_protocol = 1;          /* a failure during the check: the job stops (remote_recover) */
+    busy = "replay validation";
+    int agreed = validate_agree(minibatch, can);
+    if (agreed < 0)
+        give_up("replay validation at minibatch %llu: the ranks could not agree whether to check it (a rank "
+                "failed or stopped meanwhile)", (unsigned long long)minibatch);
+    if (!agreed)
+        goto out;
     if (simple(JITCKPT_RFN_RST_SYNC, NULL, 0, &c) != 0 || (end = snapshot(&c, &nend)) == NULL) {
         failed = "copying device memory out";
         goto out;
@@ -1059,7 +1149,7 @@ void remote_validate_end(uint64_t minibatch)
     if (!failed) {                                   /* every validating rank meets, whatever it found */
         char token[32];
         snprintf(token, sizeof token, "v1;learn=%d", nlearned >= 0);
-        if (rendezvous_tokens(token, VALIDATE_GENERATION + (long)minibatch, each_learn, &retry) != 0)
+        if (rendezvous_tokens(token, VALIDATE_GENERATION + 2 * (long)minibatch + 1, each_learn, &retry) != 0)
             failed = "agreeing with the other ranks on the state changed in place";
     }
     int learnt = nlearned >= 0;                      /* this rank found ranges to rewind */

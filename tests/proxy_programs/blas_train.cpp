@@ -18,7 +18,8 @@
 // through --rendezvous-dir (examples/cuda_mlp/rendezvous.cpp); what dnn_train.cpp does the same way (the job,
 // the streams, the inputs, the checksum) is in train_common.h.  Prints, as cuda_mlp does,
 //   [rank R] final parameters checksum <FNV-1a 64 of W>
-// and exits 1 at any failed call.
+// and exits 1 at any failed call.  TRAIN_TIME_STEP=R:N: rank R times step N with CUDA events (train_common.h);
+// BLAS_TRAIN_MANAGED=1: the program allocates managed memory, which turns its transparent recovery off.
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -120,6 +121,10 @@ int main(int argc, char **argv)
     CUDA(cudaMemcpy(d_scalars, scalars, sizeof scalars, cudaMemcpyHostToDevice));
     float *d_x = d_batch, *d_y = d_batch + kIn * kBatch;
 
+    if (env_int("BLAS_TRAIN_MANAGED", 0)) {    // a managed buffer, never used: no replay can reset managed memory
+        void *managed = nullptr;
+        CUDA(cudaMallocManaged(&managed, 256));
+    }
     cublasHandle_t blas;
     BLAS(cublasCreate(&blas));
     BLAS(cublasSetStream(blas, compute));
@@ -127,8 +132,10 @@ int main(int argc, char **argv)
     BLAS(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));
 
     const OptimizerPhase optimizer;
+    StepTimer timer(rank);
     const float one = 1.0f, minus_one = -1.0f, inv_b = 1.0f / kBatch, zero = 0.0f;
     for (int step = 1; step <= steps; step++) {
+        timer.before(step, compute);
         // this rank's batch: x in [-1, 1), y = a fixed linear map of x plus noise
         for (int b = 0; b < kBatch; b++) {
             const uint64_t sample = ((uint64_t)(step - 1) * world + rank) * kBatch + b;
@@ -159,6 +166,7 @@ int main(int argc, char **argv)
         BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, kOut, kIn, kOut, d_scalars, d_ident, kOut, d_g, kOut,
                          d_scalars + 1, d_w, kOut));
         BLAS(cublasSetPointerMode(blas, CUBLAS_POINTER_MODE_HOST));
+        timer.after(step, compute);
         optimizer.end();  // minibatch `step` ends, step + 1 begins
         if (rank == 0 && step % 5 == 0)
             std::printf("[rank 0] step %d\n", step);

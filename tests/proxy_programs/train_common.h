@@ -197,4 +197,40 @@ struct OptimizerPhase {
     }
 };
 
+// TRAIN_TIME_STEP=R:N: rank R times step N with a pair of CUDA events that it creates and destroys in that step,
+// as a script that measures one step on rank 0 does.  A minibatch that creates events cannot be replayed on that
+// rank alone (tests/test_proxy_recovery.py: replay validation is agreed by every rank).
+struct StepTimer {
+    int rank = -1, step = -1;
+    cudaEvent_t started = nullptr;
+
+    StepTimer(int this_rank)
+    {
+        const char *s = std::getenv("TRAIN_TIME_STEP");
+        if (s && std::sscanf(s, "%d:%d", &rank, &step) == 2 && rank != this_rank)
+            rank = step = -1;
+    }
+    void before(int now, cudaStream_t stream)  // before the step's work
+    {
+        if (now != step)
+            return;
+        CUDA(cudaEventCreate(&started));
+        CUDA(cudaEventRecord(started, stream));
+    }
+    void after(int now, cudaStream_t stream)   // after it
+    {
+        if (now != step)
+            return;
+        cudaEvent_t stopped = nullptr;
+        CUDA(cudaEventCreate(&stopped));
+        CUDA(cudaEventRecord(stopped, stream));
+        CUDA(cudaEventSynchronize(stopped));
+        float ms = 0;
+        CUDA(cudaEventElapsedTime(&ms, started, stopped));
+        std::printf("[rank %d] step %d took %.3f ms on the device\n", rank, step, ms);
+        CUDA(cudaEventDestroy(started));
+        CUDA(cudaEventDestroy(stopped));
+    }
+};
+
 }  // namespace train
