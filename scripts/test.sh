@@ -10,7 +10,7 @@
 #      alone, one at a time.
 # Both passes share one directory for what is computed once per run (the
 # fault-free reference runs).  Every test has a timeout (pyproject.toml), so a
-# hang fails that test, not the run.  At the end: the 20 slowest tests.
+# hang fails that test, not the run.  At the end: the 20 slowest tests, and what the run cost in CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -23,6 +23,7 @@ run_dir=$(mktemp -d "${TMPDIR:-/tmp}/jt-XXXXXXXX")
 export JITCKPT_TEST_SHARED=$run_dir
 
 started=$SECONDS
+times > "$run_dir/cpu-times"   # (in this shell: a subshell's `times` would count only its own children)
 status=0
 # exit status 5: nothing selected in this pass (e.g. -k that matches only serial tests)
 "$PY" -m pytest -ra -n "$WORKERS" --dist loadgroup --serial-tests=exclude --basetemp="$run_dir/tmp" \
@@ -54,6 +55,24 @@ for seconds, name in cases[:20]:
     print(f"{seconds:8.1f}  {name}")
 EOF
 echo "tests: $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s, exit status $status"
+# What the run cost in CPU (the children's user + system time, from bash's `times`): on a machine whose
+# speed varies from day to day, the CPU minutes and the cores kept busy compare runs better than the minutes.
+times >> "$run_dir/cpu-times"
+"$PY" - "$(( SECONDS - started ))" "$(sed -n 2p "$run_dir/cpu-times")" "$(sed -n 4p "$run_dir/cpu-times")" "$(find "$run_dir" -path '*/reference-sha/*.json' | wc -l)" <<'EOF'
+import re
+import sys
+
+
+def seconds(times_line: str) -> float:
+    """User + system seconds of a line of bash's `times` ("0m1.5s 0m0.2s")."""
+    return sum(int(m) * 60 + float(s) for m, s in re.findall(r"(\d+)m([\d.]+)s", times_line))
+
+
+wall, references = int(sys.argv[1]), int(sys.argv[4])
+cpu = seconds(sys.argv[3]) - seconds(sys.argv[2])
+print(f"CPU: {cpu / 60:.1f} min (user + system), {cpu / max(wall, 1):.2f} cores busy on average; "
+      f"{references} fault-free reference runs")
+EOF
 if [ "$status" -eq 0 ]; then
     rm -rf "$run_dir" || echo "warning: could not remove all of $run_dir (a test left a file it could not delete)"
 else
