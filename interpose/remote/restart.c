@@ -663,7 +663,32 @@ static uint64_t live_bytes(void)
     return b;
 }
 
-/* Kills the proxy (if alive), starts a new one, connects.  0 or -1 (said). */
+/* Waits (at most 10 s) until the killed proxy `pid` has exited: gone, or a zombie, whose device context and
+ * memory the driver has released (on a GPU whose memory the old proxy nearly filled, a new proxy started
+ * before that could not re-create the allocations).  Not a child of this process: /proc is asked. */
+static void wait_gone(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    for (int i = 0; i < 5000; i++) {
+        char buf[512];
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            return;
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = '\0';
+        const char *state = strrchr(buf, ')');          /* "pid (comm) S ...": the comm may hold ')' */
+        if (n <= 0 || !state || state[1] != ' ' || state[2] == 'Z' || state[2] == 'X')
+            return;
+        struct timespec t = {0, 2 * 1000000L};
+        nanosleep(&t, NULL);
+    }
+    rlog("the old device proxy (pid %d) has not exited 10 s after SIGKILL; starting the new one anyway (its "
+         "device memory may not be free yet)", (int)pid);
+}
+
+/* Kills the proxy (if alive) and waits for it to exit, starts a new one, connects.  0 or -1 (said). */
 static int replace_proxy(void)
 {
     const char *socket_path = getenv(JITCKPT_PROXY_SOCKET_ENV);
@@ -671,8 +696,8 @@ static int replace_proxy(void)
         rlog("cannot restart the device proxy: its socket path or executable is unknown");
         return -1;
     }
-    if (proxy_pid > 0)
-        kill(proxy_pid, SIGKILL);
+    if (proxy_pid > 0 && kill(proxy_pid, SIGKILL) == 0)
+        wait_gone(proxy_pid);
     restarts++;
     pid_t p = start_proxy(socket_path);
     if (p < 0) {
