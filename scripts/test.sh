@@ -53,6 +53,22 @@ cases.sort(reverse=True)
 print(f"\n==== the 20 slowest of {len(cases)} tests (seconds, setup + call + teardown) ====")
 for seconds, name in cases[:20]:
     print(f"{seconds:8.1f}  {name}")
+
+# CPU seconds per test (tests/conftest.py records them): on two cores the run is CPU-bound, so this is what
+# each test costs the run.  A fault-free reference run counts for the first test that needed it.
+per_test, per_file = [], {}
+for table in sorted((Path(sys.argv[1]).parent / "cpu-per-test").glob("*.tsv")):
+    for line in table.read_text().splitlines():
+        cpu, _wall, nodeid = line.split("\t", 2)
+        per_test.append((float(cpu), nodeid))
+        per_file[nodeid.split("::")[0]] = per_file.get(nodeid.split("::")[0], 0.0) + float(cpu)
+if per_test:
+    total = sum(cpu for cpu, _ in per_test)
+    print(f"\n==== CPU: the 10 costliest tests and files of {total / 60:.1f} CPU-minutes in tests ====")
+    for cpu, nodeid in sorted(per_test, reverse=True)[:10]:
+        print(f"{cpu:8.1f}  {nodeid[:110]}")
+    for path, cpu in sorted(per_file.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"{cpu:8.1f}  {path} ({100 * cpu / total:.0f}%)")
 EOF
 echo "tests: $(( (SECONDS - started) / 60 )) min $(( (SECONDS - started) % 60 )) s, exit status $status"
 # What the run cost in CPU (the children's user + system time, from bash's `times`): on a machine whose

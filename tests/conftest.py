@@ -12,10 +12,12 @@ import importlib.metadata
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -387,3 +389,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if shared:
             item.add_marker(pytest.mark.xdist_group(f"{path}:{'+'.join(shared)}"))
     items.sort(key=lambda item: -SECONDS_PER_TEST.get(Path(item.nodeid.split("::")[0]).stem, 0))
+
+
+def _cpu_seconds() -> float:
+    """User + system seconds of this process and of every child it has waited for (and theirs, transitively)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Record each test's CPU seconds (its processes', once reaped) in the run's shared directory, one file per
+    pytest process, for scripts/test.sh's table of the tests that cost the most CPU: on two cores the suite is
+    CPU-bound, so CPU, not wall time, is what a test costs the run."""
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    folder = shared_dir() / "cpu-per-test"
+    folder.mkdir(exist_ok=True)
+    name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(folder / f"{name}-{os.getpid()}.tsv", "a") as out:
+        out.write(f"{_cpu_seconds() - cpu:.2f}\t{time.monotonic() - wall:.2f}\t{item.nodeid}\n")
