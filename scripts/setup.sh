@@ -96,6 +96,6 @@ fi
 # Environments that set PYTHONDONTWRITEBYTECODE (CI's does) would compile jitckpt in every process
 # that imports it: the launcher, each agent and each worker, ~0.15 s of CPU each, thousands of
 # times in a test run.  Compiled once here; Python still checks each file's time stamp.
-PYTHONDONTWRITEBYTECODE= "$PY" -m compileall -q jitckpt examples tests/user_programs >/dev/null ||
+PYTHONDONTWRITEBYTECODE= "$PY" -m compileall -q jitckpt examples tests >/dev/null ||
     say "warning: could not compile jitckpt's byte code (every process will compile it again)"
 say "done"

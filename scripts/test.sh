@@ -10,7 +10,8 @@
 #      alone, one at a time.
 # Both passes share one directory for what is computed once per run (the
 # fault-free reference runs).  Every test has a timeout (pyproject.toml), so a
-# hang fails that test, not the run.  At the end: the 20 slowest tests, and what the run cost in CPU.
+# hang fails that test, not the run.  At the end: the 20 slowest tests, the 10 costliest in CPU (all of them
+# in the file JITCKPT_TEST_CPU_TABLE names, if set), and what the run cost in CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -36,6 +37,7 @@ serial_status=0
 
 "$PY" - "$run_dir"/parallel.xml "$run_dir"/serial.xml <<'EOF'
 """The 20 slowest tests of both passes (setup, call and teardown together), from pytest's JUnit XML."""
+import os
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -60,8 +62,11 @@ per_test, per_file = [], {}
 for table in sorted((Path(sys.argv[1]).parent / "cpu-per-test").glob("*.tsv")):
     for line in table.read_text().splitlines():
         cpu, _wall, nodeid = line.split("\t", 2)
+        nodeid = re.sub(r"@[^\]]*$", "", nodeid)  # without xdist's @group suffix
         per_test.append((float(cpu), nodeid))
         per_file[nodeid.split("::")[0]] = per_file.get(nodeid.split("::")[0], 0.0) + float(cpu)
+if per_test and os.environ.get("JITCKPT_TEST_CPU_TABLE"):  # every test's CPU seconds, most first, kept
+    Path(os.environ["JITCKPT_TEST_CPU_TABLE"]).write_text("".join(f"{c:.1f}\t{n}\n" for c, n in sorted(per_test, reverse=True)))
 if per_test:
     total = sum(cpu for cpu, _ in per_test)
     print(f"\n==== CPU: the 10 costliest tests and files of {total / 60:.1f} CPU-minutes in tests ====")
