@@ -234,6 +234,17 @@ def test_a_cublas_program_is_recovered_underneath_bit_exact(blas_train, tmp_path
     assert "is not supported in transparent mode" not in out
 
 
+def test_work_on_a_handle_made_after_thousands_of_others_is_still_held_back(blas_train, tmp_path):
+    """5000 cuBLAS handles given the compute stream before the training handle: the proxy's table of handles'
+    streams had room for 4096, so the training handle's GEMMs (the optimizer's included) were not held behind
+    a frozen all-reduce, and the recovery met parameters the step had already changed.  The table now grows."""
+    reference = blas_reference(blas_train, tmp_path, "0")
+    proc = torchrun(blas_train, tmp_path, True, {"JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang",
+                                                "BLAS_TRAIN_SPARE_HANDLES": "5000"})
+    out = assert_recovered(proc, reference, minibatch=7)
+    assert "handles with a stream are alive" not in out, out[-4000:]
+
+
 def test_a_rank_that_cannot_replay_the_validated_minibatch_moves_the_check_for_every_rank(blas_train, tmp_path):
     """Rank 0 times step 6 (minibatch 5, the one validated) with CUDA events it creates there, as a script that
     measures a step on rank 0 does: that minibatch cannot be replayed on rank 0.  The check replays the

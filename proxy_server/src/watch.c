@@ -214,10 +214,10 @@ static uint64_t cur_stream, cur_event, cur_comm, cur_blas;
 /* Each cuBLAS or cuDNN handle's stream (issue 19): a GEMM, a convolution or a BatchNorm is work on it, held
  * back as a launch on it is.  Set by cublasSetStream_v2 or cudnnSetStream (the worker sends it again to a
  * new proxy); a handle never given one works on stream 0.  (Virtual ids name their kind: one table.)
- * Main thread only. */
-#define MAX_BLAS 4096
-static struct { uint64_t blas, stream; } blas_streams[MAX_BLAS];
-static int n_blas_streams;
+ * Main thread only.  The table grows as handles are made (no limit: a handle missing here would let its work
+ * run past an unfinished collective, and a recovery meet changed parameters); out of memory stops the proxy. */
+static struct blas_stream { uint64_t blas, stream; } *blas_streams;
+static int n_blas_streams, cap_blas_streams;
 
 static void forget_blas(uint64_t blas)                /* the handle is destroyed */
 {
@@ -243,14 +243,18 @@ static void set_stream_of_blas(uint64_t blas, uint64_t stream)
             blas_streams[i].stream = stream;
             return;
         }
-    if (n_blas_streams < MAX_BLAS) {
-        blas_streams[n_blas_streams++] = (typeof(blas_streams[0])){blas, stream};
-    } else {
-        static int said;
-        if (!said++)
-            plog("more than %d cuBLAS and cuDNN handles with a stream are alive: work on the others is not held "
-                 "back behind an unfinished collective (a recovery may then meet changed parameters)", MAX_BLAS);
+    if (n_blas_streams == cap_blas_streams) {
+        int cap = cap_blas_streams ? 2 * cap_blas_streams : 64;
+        struct blas_stream *grown = realloc(blas_streams, (size_t)cap * sizeof *grown);
+        if (!grown) {
+            plog("out of memory for the table of %d cuBLAS and cuDNN handles' streams: the proxy stops rather "
+                 "than let work on a handle run past an unfinished collective", n_blas_streams + 1);
+            abort();
+        }
+        blas_streams = grown;
+        cap_blas_streams = cap;
     }
+    blas_streams[n_blas_streams++] = (struct blas_stream){blas, stream};
 }
 static int group_depth;
 static uint64_t group_streams[64];

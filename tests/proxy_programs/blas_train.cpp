@@ -125,6 +125,13 @@ int main(int argc, char **argv)
         void *managed = nullptr;
         CUDA(cudaMallocManaged(&managed, 256));
     }
+    // BLAS_TRAIN_SPARE_HANDLES=N: N handles given the compute stream first and never used (the proxy's table
+    // of handles' streams must hold the training handle whatever number came before it)
+    std::vector<cublasHandle_t> spare(env_int("BLAS_TRAIN_SPARE_HANDLES", 0));
+    for (cublasHandle_t &h : spare) {
+        BLAS(cublasCreate(&h));
+        BLAS(cublasSetStream(h, compute));
+    }
     cublasHandle_t blas;
     BLAS(cublasCreate(&blas));
     BLAS(cublasSetStream(blas, compute));
