@@ -245,6 +245,17 @@ def test_work_on_a_handle_made_after_thousands_of_others_is_still_held_back(blas
     assert "handles with a stream are alive" not in out, out[-4000:]
 
 
+def test_the_event_a_stream_waits_on_is_remembered_after_hundreds_recorded_since(blas_train, tmp_path):
+    """600 events recorded on the NCCL stream after each all-reduce, after the one that the compute stream then
+    waits on: the proxy's table of what events wait for held 512 and forgot its oldest entries, so the compute
+    stream's optimizer GEMM was not held behind a frozen all-reduce.  Entries now go only once their collective
+    has completed."""
+    reference = blas_reference(blas_train, tmp_path, "0")
+    proc = torchrun(blas_train, tmp_path, True, {"JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang",
+                                                "TRAIN_SPARE_EVENTS": "600"})
+    assert_recovered(proc, reference, minibatch=7)
+
+
 def test_a_rank_that_cannot_replay_the_validated_minibatch_moves_the_check_for_every_rank(blas_train, tmp_path):
     """Rank 0 times step 6 (minibatch 5, the one validated) with CUDA events it creates there, as a script that
     measures a step on rank 0 does: that minibatch cannot be replayed on rank 0.  The check replays the

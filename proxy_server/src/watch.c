@@ -35,9 +35,7 @@
 
 #define WATCH_MS 5
 #define MAX_COLLS 4096
-#define MAX_DEPS 512
 #define MAX_MARKERS 64
-#define MAX_MARKER_STREAMS 32
 #define MAX_COMMS 64
 
 static __typeof__(cudaEventCreateWithFlags) *r_event_create;
@@ -53,6 +51,24 @@ static __typeof__(ncclCommGetAsyncError) *r_comm_async;
 static __typeof__(ncclCommAbort) *r_comm_abort;
 
 static struct jitckpt_wire *W;
+
+/* Room for one more element in a table that grows (*cap doubles).  The tables below must never drop an
+ * entry they still need: a stream, event or handle left out would let work run past an unfinished
+ * collective, and a recovery meet changed parameters.  Out of memory stops the proxy, loudly. */
+static void make_room(void **table, size_t *cap, size_t n, size_t elem, const char *what)
+{
+    if (n < *cap)
+        return;
+    size_t grown_cap = *cap ? 2 * *cap : 64;
+    void *grown = realloc(*table, grown_cap * elem);
+    if (!grown) {
+        plog("out of memory for the table of %zu %s: the proxy stops rather than let work run past an "
+             "unfinished collective", n + 1, what);
+        abort();
+    }
+    *table = grown;
+    *cap = grown_cap;
+}
 
 struct jitckpt_wire *watch_wire(void) { return W; }
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -106,40 +122,50 @@ static void poll_colls(void)
             break;
         if (e != cudaSuccess && W->device_error == 0)
             __atomic_store_n(&W->device_error, (int32_t)e, __ATOMIC_SEQ_CST);
-        seq_done = c->seq;
+        __atomic_store_n(&seq_done, c->seq, __ATOMIC_SEQ_CST);
         event_put(c->ev);
         coll_tail++;
     }
     if (coll_tail == coll_head)
-        seq_done = seq_issued;
+        __atomic_store_n(&seq_done, seq_issued, __ATOMIC_SEQ_CST);
     __atomic_store_n(&W->coll_oldest_ns, coll_tail != coll_head ? colls[coll_tail % MAX_COLLS].t_ns : 0,
                      __ATOMIC_SEQ_CST);
 }
 
 /* ---- dependencies of streams and events on collectives (main thread) ---------------- */
 
+/* Which collective (seq) a stream's or an event's next work waits for.  When a table is full, the entries
+ * whose collective has completed go (they hold nothing back); only if none has does it grow.  (It once
+ * forgot its oldest entry instead: with 600 events recorded after each all-reduce, the event that the
+ * compute stream waited on was forgotten, and the optimizer step ran past a frozen all-reduce.) */
 struct dep { uint64_t vid, need; };
-static struct dep stream_deps[MAX_DEPS], event_deps[MAX_DEPS];
-static size_t n_stream_deps, n_event_deps;
+struct dep_table { struct dep *t; size_t n, cap; const char *what; };
+static struct dep_table stream_deps = {.what = "streams waiting on collectives"},
+                        event_deps = {.what = "events recorded after collectives"};
 
-static struct dep *dep_of(struct dep *t, size_t *n, uint64_t vid, int create)
+static struct dep *dep_of(struct dep_table *d, uint64_t vid, int create)
 {
-    for (size_t i = 0; i < *n; i++)
-        if (t[i].vid == vid)
-            return &t[i];
+    for (size_t i = 0; i < d->n; i++)
+        if (d->t[i].vid == vid)
+            return &d->t[i];
     if (!create)
         return NULL;
-    if (*n == MAX_DEPS) {                      /* full: forget the oldest (conservative: no hold) */
-        memmove(t, t + 1, (MAX_DEPS - 1) * sizeof *t);
-        (*n)--;
+    if (d->n == d->cap) {
+        uint64_t done = __atomic_load_n(&seq_done, __ATOMIC_SEQ_CST);
+        size_t kept = 0;
+        for (size_t i = 0; i < d->n; i++)
+            if (d->t[i].need > done)
+                d->t[kept++] = d->t[i];
+        d->n = kept;
+        make_room((void **)&d->t, &d->cap, d->n, sizeof *d->t, d->what);
     }
-    t[*n] = (struct dep){vid, 0};
-    return &t[(*n)++];
+    d->t[d->n] = (struct dep){vid, 0};
+    return &d->t[d->n++];
 }
 
 static uint64_t need_of_stream(uint64_t vid)
 {
-    struct dep *d = dep_of(stream_deps, &n_stream_deps, vid, 0);
+    struct dep *d = dep_of(&stream_deps, vid, 0);
     return d ? d->need : 0;
 }
 
@@ -257,8 +283,8 @@ static void set_stream_of_blas(uint64_t blas, uint64_t stream)
     blas_streams[n_blas_streams++] = (struct blas_stream){blas, stream};
 }
 static int group_depth;
-static uint64_t group_streams[64];
-static int n_group_streams;
+static uint64_t *group_streams;      /* the streams of a group's collectives, each once */
+static size_t n_group_streams, cap_group_streams;
 
 /* ---- communicators (main thread writes, watcher reads; under mu) -------------------- */
 
@@ -291,7 +317,7 @@ void watch_comm_added(ncclComm_t c)
 
 /* ---- minibatch markers (under mu) --------------------------------------------------- */
 
-struct marker { uint64_t index; int n; cudaEvent_t ev[MAX_MARKER_STREAMS]; };
+struct marker { uint64_t index; size_t n, cap; cudaEvent_t *ev; };   /* an event on every stream (ev grows) */
 static struct marker markers[MAX_MARKERS];
 static size_t mark_head, mark_tail;
 
@@ -320,8 +346,7 @@ struct mark_arg { struct marker *m; };
 static void mark_stream(uint64_t vid, void *real, void *arg)
 {
     struct marker *m = ((struct mark_arg *)arg)->m;
-    if (m->n >= MAX_MARKER_STREAMS)
-        return;
+    make_room((void **)&m->ev, &m->cap, m->n, sizeof *m->ev, "streams a minibatch marker waits for");
     cudaEvent_t e = event_get();
     if (e && r_event_record(e, (cudaStream_t)real) == cudaSuccess)
         m->ev[m->n++] = e;
@@ -336,7 +361,7 @@ void watch_mark(uint64_t index)
     pthread_mutex_lock(&mu);
     if (mark_head - mark_tail == MAX_MARKERS) {        /* the device is far behind: the oldest counts as done */
         struct marker *o = &markers[mark_tail % MAX_MARKERS];
-        for (int i = 0; i < o->n; i++)
+        for (size_t i = 0; i < o->n; i++)
             event_put(o->ev[i]);
         mark_tail++;
     }
@@ -559,7 +584,7 @@ static void record_collective(uint64_t stream_vid)
         uint64_t seq = ++seq_issued;
         colls[coll_head % MAX_COLLS] = (struct coll){seq, now_ns(), e};
         coll_head++;
-        struct dep *d = dep_of(stream_deps, &n_stream_deps, stream_vid, 1);
+        struct dep *d = dep_of(&stream_deps, stream_vid, 1);
         d->need = seq;
     }
     pthread_mutex_unlock(&mu);
@@ -573,8 +598,14 @@ void watch_after(unsigned fn, int32_t ret)
         if (ret != 0)
             break;
         if (group_depth > 0) {
-            if (n_group_streams < 64)
+            size_t i = 0;
+            while (i < n_group_streams && group_streams[i] != cur_stream)
+                i++;
+            if (i == n_group_streams) {
+                make_room((void **)&group_streams, &cap_group_streams, n_group_streams, sizeof *group_streams,
+                          "streams of one NCCL group");
                 group_streams[n_group_streams++] = cur_stream;
+            }
         } else {
             record_collective(cur_stream);
         }
@@ -594,7 +625,7 @@ void watch_after(unsigned fn, int32_t ret)
         break;
     case K_GROUP_END:
         if (group_depth > 0 && --group_depth == 0) {
-            for (int i = 0; i < n_group_streams; i++)
+            for (size_t i = 0; i < n_group_streams; i++)
                 if (ret == 0)
                     record_collective(group_streams[i]);
             n_group_streams = 0;
@@ -603,16 +634,16 @@ void watch_after(unsigned fn, int32_t ret)
     case K_EVENT_RECORD:
         if (ret == 0) {
             uint64_t need = need_of_stream(cur_stream);
-            struct dep *d = dep_of(event_deps, &n_event_deps, cur_event, need != 0);
+            struct dep *d = dep_of(&event_deps, cur_event, need != 0);
             if (d)
                 d->need = need;
         }
         break;
     case K_STREAM_WAIT:
         if (ret == 0) {
-            struct dep *e = dep_of(event_deps, &n_event_deps, cur_event, 0);
+            struct dep *e = dep_of(&event_deps, cur_event, 0);
             if (e && e->need) {
-                struct dep *d = dep_of(stream_deps, &n_stream_deps, cur_stream, 1);
+                struct dep *d = dep_of(&stream_deps, cur_stream, 1);
                 if (d->need < e->need)
                     d->need = e->need;
             }
@@ -661,11 +692,11 @@ void watch_clear(void)
         event_put(colls[coll_tail % MAX_COLLS].ev);
     for (; mark_tail != mark_head; mark_tail++) {
         struct marker *m = &markers[mark_tail % MAX_MARKERS];
-        for (int i = 0; i < m->n; i++)
+        for (size_t i = 0; i < m->n; i++)
             event_put(m->ev[i]);
     }
-    seq_done = seq_issued;
-    n_stream_deps = n_event_deps = 0;
+    __atomic_store_n(&seq_done, seq_issued, __ATOMIC_SEQ_CST);
+    stream_deps.n = event_deps.n = 0;
     group_depth = n_group_streams = 0;
     __atomic_store_n(&W->coll_oldest_ns, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&W->comm_error, 0, __ATOMIC_SEQ_CST);

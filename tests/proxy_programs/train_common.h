@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "rendezvous.h"
 
@@ -155,6 +156,7 @@ inline Job join(const std::string &rendezvous_dir)
 struct Streams {
     cudaStream_t compute = nullptr, nccl = nullptr;
     cudaEvent_t ready = nullptr, done = nullptr;
+    std::vector<cudaEvent_t> spare;  // TRAIN_SPARE_EVENTS=N: recorded after each collective, never waited on
 };
 
 inline Streams make_streams()
@@ -164,6 +166,9 @@ inline Streams make_streams()
     CUDA(cudaStreamCreate(&s.nccl));
     CUDA(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming));
     CUDA(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+    s.spare.resize(env_int("TRAIN_SPARE_EVENTS", 0));
+    for (cudaEvent_t &e : s.spare)
+        CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return s;
 }
 
@@ -176,6 +181,8 @@ inline void on_nccl_stream(const Streams &s, Collective &&collective)
     CUDA(cudaStreamWaitEvent(s.nccl, s.ready, 0));
     collective(s.nccl);
     CUDA(cudaEventRecord(s.done, s.nccl));
+    for (cudaEvent_t e : s.spare)  // (the proxy must still know, after all of them, what s.done waits for)
+        CUDA(cudaEventRecord(e, s.nccl));
     CUDA(cudaStreamWaitEvent(s.compute, s.done, 0));
 }
 
