@@ -34,9 +34,7 @@
 #include <time.h>
 
 #define WATCH_MS 5
-#define MAX_COLLS 4096
-#define MAX_MARKERS 64
-#define MAX_COMMS 64
+#define EVENT_POOL 4096
 
 static __typeof__(cudaEventCreateWithFlags) *r_event_create;
 static __typeof__(cudaEventRecord) *r_event_record;
@@ -82,7 +80,7 @@ static uint64_t now_ns(void)
 
 /* ---- the event pool (under mu) ------------------------------------------------------ */
 
-static cudaEvent_t pool[MAX_COLLS];
+static cudaEvent_t pool[EVENT_POOL];
 static int npool;
 static cudaEvent_t held_event;       /* the event the main thread is synchronising on: not recycled meanwhile */
 static int held_event_done;          /* poll_colls passed it while held: recycle it after */
@@ -101,22 +99,22 @@ static void event_put(cudaEvent_t e)
         held_event_done = 1;
         return;
     }
-    if (e && npool < MAX_COLLS)
+    if (e && npool < EVENT_POOL)
         pool[npool++] = e;            /* else leaked: the pool is full only after an abort storm */
 }
 
 /* ---- collectives in flight (under mu) ----------------------------------------------- */
 
 struct coll { uint64_t seq, t_ns; cudaEvent_t ev; };
-static struct coll colls[MAX_COLLS];
-static size_t coll_head, coll_tail;            /* ring: [tail, head) unfinished, oldest first */
+static struct coll *colls;
+static size_t coll_head, coll_tail, cap_colls;  /* ring: [tail, head) unfinished, oldest first; grows */
 static uint64_t seq_issued, seq_done;          /* seq_done: every collective <= it has completed */
 
 /* The oldest collectives that completed leave the ring. */
 static void poll_colls(void)
 {
     while (coll_tail != coll_head) {
-        struct coll *c = &colls[coll_tail % MAX_COLLS];
+        struct coll *c = &colls[coll_tail % cap_colls];
         cudaError_t e = c->ev ? r_event_query(c->ev) : cudaSuccess;
         if (e == cudaErrorNotReady)
             break;
@@ -128,7 +126,7 @@ static void poll_colls(void)
     }
     if (coll_tail == coll_head)
         __atomic_store_n(&seq_done, seq_issued, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&W->coll_oldest_ns, coll_tail != coll_head ? colls[coll_tail % MAX_COLLS].t_ns : 0,
+    __atomic_store_n(&W->coll_oldest_ns, coll_tail != coll_head ? colls[coll_tail % cap_colls].t_ns : 0,
                      __ATOMIC_SEQ_CST);
 }
 
@@ -288,21 +286,23 @@ static size_t n_group_streams, cap_group_streams;
 
 /* ---- communicators (main thread writes, watcher reads; under mu) -------------------- */
 
-static ncclComm_t comms[MAX_COMMS];
-static int n_comms;
+static ncclComm_t *comms;           /* every communicator, for the abort and the error poll (grows) */
+static size_t n_comms, cap_comms;
 
 static void comm_add(ncclComm_t c)
 {
     pthread_mutex_lock(&mu);
-    if (c && n_comms < MAX_COMMS)
+    if (c) {
+        make_room((void **)&comms, &cap_comms, n_comms, sizeof *comms, "communicators");
         comms[n_comms++] = c;
+    }
     pthread_mutex_unlock(&mu);
 }
 
 static void comm_remove(ncclComm_t c)
 {
     pthread_mutex_lock(&mu);
-    for (int i = 0; i < n_comms; i++)
+    for (size_t i = 0; i < n_comms; i++)
         if (comms[i] == c) {
             comms[i] = comms[--n_comms];
             break;
@@ -318,13 +318,13 @@ void watch_comm_added(ncclComm_t c)
 /* ---- minibatch markers (under mu) --------------------------------------------------- */
 
 struct marker { uint64_t index; size_t n, cap; cudaEvent_t *ev; };   /* an event on every stream (ev grows) */
-static struct marker markers[MAX_MARKERS];
-static size_t mark_head, mark_tail;
+static struct marker *markers;
+static size_t mark_head, mark_tail, cap_markers;   /* ring: [tail, head) not yet done; grows */
 
 static void poll_markers(void)
 {
     while (mark_tail != mark_head) {
-        struct marker *m = &markers[mark_tail % MAX_MARKERS];
+        struct marker *m = &markers[mark_tail % cap_markers];
         for (; m->n > 0; m->n--) {
             cudaError_t e = r_event_query(m->ev[m->n - 1]);
             if (e == cudaErrorNotReady)
@@ -359,13 +359,23 @@ void watch_mark(uint64_t index)
     if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
         return;
     pthread_mutex_lock(&mu);
-    if (mark_head - mark_tail == MAX_MARKERS) {        /* the device is far behind: the oldest counts as done */
-        struct marker *o = &markers[mark_tail % MAX_MARKERS];
-        for (size_t i = 0; i < o->n; i++)
-            event_put(o->ev[i]);
-        mark_tail++;
+    if (mark_head - mark_tail == cap_markers) {   /* the device is that far behind: a larger ring (a marker
+                                                   * is done only when its events are: the log needs it) */
+        struct marker *ring = NULL;
+        size_t n = mark_head - mark_tail, cap = 0;
+        make_room((void **)&ring, &cap, 0, sizeof *ring, "minibatch markers");
+        while (cap <= n)
+            make_room((void **)&ring, &cap, cap, sizeof *ring, "minibatch markers");
+        memset(ring, 0, cap * sizeof *ring);
+        for (size_t i = 0; i < n; i++)
+            ring[i] = markers[(mark_tail + i) % cap_markers];   /* (full: every slot is live, its ev moves) */
+        free(markers);
+        markers = ring;
+        cap_markers = cap;
+        mark_tail = 0;
+        mark_head = n;
     }
-    struct marker *m = &markers[mark_head % MAX_MARKERS];
+    struct marker *m = &markers[mark_head % cap_markers];
     m->index = index;
     m->n = 0;
     struct mark_arg a = {m};
@@ -543,8 +553,8 @@ int watch_handle(int kind, uint64_t vid)
          * its own event, kept from recycling while this thread waits on it. */
         cudaEvent_t e = NULL;
         for (size_t i = coll_tail; !ready && i != coll_head; i++)
-            if (colls[i % MAX_COLLS].seq == need)
-                e = colls[i % MAX_COLLS].ev;
+            if (colls[i % cap_colls].seq == need)
+                e = colls[i % cap_colls].ev;
         held_event = e;
         pthread_mutex_unlock(&mu);
         if (ready && !aborting())
@@ -573,16 +583,30 @@ static void record_collective(uint64_t stream_vid)
     if (vh_lookup(VH_STREAM, stream_vid, &real) != 0)
         return;
     pthread_mutex_lock(&mu);
-    if (coll_head - coll_tail == MAX_COLLS)
+    if (coll_head - coll_tail == cap_colls)
         poll_colls();
-    if (coll_head - coll_tail < MAX_COLLS) {
+    if (coll_head - coll_tail == cap_colls) {   /* every one unfinished: a larger ring, oldest first from 0 */
+        struct coll *ring = NULL;
+        size_t n = coll_head - coll_tail, cap = 0;
+        make_room((void **)&ring, &cap, 0, sizeof *ring, "collectives in flight");
+        while (cap <= n)
+            make_room((void **)&ring, &cap, cap, sizeof *ring, "collectives in flight");
+        for (size_t i = 0; i < n; i++)
+            ring[i] = colls[(coll_tail + i) % cap_colls];
+        free(colls);
+        colls = ring;
+        cap_colls = cap;
+        coll_tail = 0;
+        coll_head = n;
+    }
+    {
         cudaEvent_t e = event_get();
         if (e && r_event_record(e, (cudaStream_t)real) != cudaSuccess) {
             event_put(e);
             e = NULL;
         }
         uint64_t seq = ++seq_issued;
-        colls[coll_head % MAX_COLLS] = (struct coll){seq, now_ns(), e};
+        colls[coll_head % cap_colls] = (struct coll){seq, now_ns(), e};
         coll_head++;
         struct dep *d = dep_of(&stream_deps, stream_vid, 1);
         d->need = seq;
@@ -689,9 +713,9 @@ void watch_clear(void)
 {
     pthread_mutex_lock(&mu);
     for (; coll_tail != coll_head; coll_tail++)
-        event_put(colls[coll_tail % MAX_COLLS].ev);
+        event_put(colls[coll_tail % cap_colls].ev);
     for (; mark_tail != mark_head; mark_tail++) {
-        struct marker *m = &markers[mark_tail % MAX_MARKERS];
+        struct marker *m = &markers[mark_tail % cap_markers];
         for (size_t i = 0; i < m->n; i++)
             event_put(m->ev[i]);
     }
@@ -726,7 +750,7 @@ static void *watcher(void *arg)
             poll_markers();
         }
         if (__atomic_load_n(&W->comm_error, __ATOMIC_SEQ_CST) == 0)
-            for (int i = 0; i < n_comms; i++) {
+            for (size_t i = 0; i < n_comms; i++) {
                 ncclResult_t r = ncclSuccess;
                 if (r_comm_async(comms[i], &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
                     __atomic_store_n(&W->comm_error, (int32_t)r, __ATOMIC_SEQ_CST);
@@ -734,10 +758,10 @@ static void *watcher(void *arg)
                 }
             }
         if (aborting() && !__atomic_load_n(&W->abort_done, __ATOMIC_SEQ_CST)) {
-            for (int i = 0; i < n_comms; i++)
+            for (size_t i = 0; i < n_comms; i++)
                 r_comm_abort(comms[i]);
             if (n_comms)
-                plog("aborted %d communicator(s) for a recovery", n_comms);
+                plog("aborted %zu communicator(s) for a recovery", n_comms);
             n_comms = 0;
             __atomic_store_n(&W->abort_done, 1, __ATOMIC_SEQ_CST);
         }
