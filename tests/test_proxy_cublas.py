@@ -206,14 +206,15 @@ def blas_train(proxy, tmp_path_factory) -> Path:  # noqa: F811
 _REFERENCES: dict[str, str] = {}
 
 
-def blas_reference(blas_train: Path, tmp_path: Path, lt: str) -> str:
+def blas_reference(blas_train: Path, tmp_path: Path, lt: str, extra: dict[str, str] | None = None) -> str:
     """The final checksum of a fault-free direct run (no proxy, no jitckpt), once per variant."""
-    if lt not in _REFERENCES:
-        proc = torchrun(blas_train, tmp_path, through_proxy=False, extra={"BLAS_TRAIN_LT": lt})
+    key = json.dumps([lt, extra or {}], sort_keys=True)
+    if key not in _REFERENCES:
+        proc = torchrun(blas_train, tmp_path, through_proxy=False, extra={"BLAS_TRAIN_LT": lt, **(extra or {})})
         sums = set(CHECKSUM.findall(proc.stdout))
         assert proc.returncode == 0 and len(sums) == 3 and len({s for _, s in sums}) == 1, proc.stdout + proc.stderr
-        _REFERENCES[lt] = sums.pop()[1]
-    return _REFERENCES[lt]
+        _REFERENCES[key] = sums.pop()[1]
+    return _REFERENCES[key]
 
 
 # cuBLAS GEMMs only, and the forward GEMM through cuBLASLt as PyTorch calls it (descriptors made per call)
@@ -254,6 +255,34 @@ def test_the_event_a_stream_waits_on_is_remembered_after_hundreds_recorded_since
     proc = torchrun(blas_train, tmp_path, True, {"JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang",
                                                 "TRAIN_SPARE_EVENTS": "600"})
     assert_recovered(proc, reference, minibatch=7)
+
+
+def test_a_failure_before_the_first_replay_validation_stops_the_job_and_one_after_is_recovered(blas_train,
+                                                                                                tmp_path):
+    """A counter in device memory that each forward pass adds 1 to in place, through cuBLAS (as BatchNorm adds to
+    ``num_batches_tracked``): no library call announces it.  A hang at minibatch 3, before replay validation
+    (minibatch 5) has checked that a replay reproduces this program's minibatch, stops every rank with the
+    reason (before: the recovery replayed the minibatch and added 1 twice; the job ended with other numbers
+    than the fault-free run and exit status 0).  A hang at minibatch 7, after the validation learned the
+    counter's bytes, is recovered bit-exact, and so is the early hang when the validation is at minibatch 1."""
+    counter = {"BLAS_TRAIN_COUNTER": "1"}
+    reference = blas_reference(blas_train, tmp_path, "0", counter)
+    early = torchrun(blas_train, tmp_path, True,
+                     {**counter, "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=4,kind=hang"})
+    out = early.stdout + early.stderr
+    assert early.returncode != 0 and "final parameters checksum" not in out, out[-4000:]
+    assert "no replay validation has passed yet" in out and "exit status 75" in out, out[-4000:]
+    late = torchrun(blas_train, tmp_path, True,
+                    {**counter, "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang"})
+    out = assert_recovered(late, reference)  # (resumed at 6 or 7: how far the device was behind the host)
+    assert out.count("replay validation at minibatch 5: the minibatch changes 4 bytes in 1 range(s) of device "
+                     "memory in place") == 3, out[-4000:]
+    # validated at minibatch 1 instead (JITCKPT_TRANSPARENT_VALIDATE_AT=1): a hang at minibatch 3 is recovered
+    # bit-exact (call 6: the check's two replays of minibatch 1 made all-reduces 3 and 4)
+    sooner = torchrun(blas_train, tmp_path, True, {**counter, "JITCKPT_TRANSPARENT_VALIDATE_AT": "1",
+                                                  "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=6,kind=hang"})
+    out = assert_recovered(sooner, reference)
+    assert out.count("replay validation at minibatch 1: the minibatch changes 4 bytes") == 3, out[-4000:]
 
 
 def test_a_rank_that_cannot_replay_the_validated_minibatch_moves_the_check_for_every_rank(blas_train, tmp_path):

@@ -172,8 +172,9 @@ def test_a_proxy_killed_with_sigkill_is_survived(mlp, tmp_path, reference):  # n
 
 
 def test_a_suspect_driver_on_one_rank_copies_out_restarts_copies_back_and_replays(mlp, tmp_path, reference):  # noqa: F811
-    # JITCKPT_REMOTE_RESTART_AT: rank 1's worker asks for a proxy restart before its 150th CUDA call (step 5).
-    proc = torchrun(mlp, tmp_path, True, rank_1_env="JITCKPT_REMOTE_RESTART_AT=150")
+    # JITCKPT_REMOTE_RESTART_AT: rank 1's worker asks for a proxy restart before its 270th CUDA call (step 9,
+    # after replay validation at minibatch 5: before it, every rank stops with the reason, as the next test shows).
+    proc = torchrun(mlp, tmp_path, True, rank_1_env="JITCKPT_REMOTE_RESTART_AT=270")
     out = assert_recovered(proc, reference)
     assert "rank 1: the driver is suspect (a proxy restart was asked): recovering transparently" in out
     # (when its device was a minibatch behind the others', it also takes the root's memory)
@@ -187,6 +188,15 @@ def test_a_failure_in_the_set_up_minibatch_stops_every_rank_with_the_reason(mlp,
     assert proc.returncode != 0
     assert out.count("transparent recovery is not possible: minibatch 0 cannot be replayed") >= 1, out[-4000:]
     assert "exit status 75" in out and "final parameters checksum" not in out
+
+
+def test_a_suspect_driver_before_the_first_replay_validation_stops_every_rank_with_the_reason(mlp, tmp_path):  # noqa: F811
+    """The same restart before the 150th call (step 5): no replay validation has passed yet, so nothing shows that
+    a replay reproduces this program's minibatch; every rank stops (exit status 75) rather than resume blind."""
+    proc = torchrun(mlp, tmp_path, True, rank_1_env="JITCKPT_REMOTE_RESTART_AT=150")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "final parameters checksum" not in out, out[-4000:]
+    assert "no replay validation has passed yet on rank" in out and "exit status 75" in out, out[-4000:]
 
 
 def test_validation_catches_a_kernel_with_hidden_state(mlp, tmp_path, side_channel_twins):  # noqa: F811

@@ -75,6 +75,9 @@ static int generation;
 static uint64_t last_done;
 static const char *invalid;      /* validation found the replay unfaithful: recovery refuses (the reason) */
 static const char *invalid_code = "validation";   /* the report's `cannot` word for it */
+static void validate_configure(void);   /* replay validation (below): when, and whether one has passed */
+static long validate_at;
+static int validated_once;
 
 static double now_s(void)
 {
@@ -508,6 +511,9 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         if (nranks != world || crank != rank)
             cannot = "communicators";
     }
+    validate_configure();
+    if (strcmp(cannot, "none") == 0 && !validated_once && validate_at >= 0)
+        cannot = "unchecked";                  /* nothing has shown yet that a replay reproduces a minibatch */
     char id[2 * sizeof(ncclUniqueId) + 1] = "-";
     if (rank == 0 && strcmp(cannot, "none") == 0) {
         if (simple(JITCKPT_RFN_RST_UNIQUE_ID, NULL, 0, &c) == 0) {
@@ -531,7 +537,7 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
 
     /* 4. The same decision on every rank. */
     uint64_t K = 0;
-    int root = -1;
+    int root = -1, unchecked = -1;
     for (int r = 0; r < world; r++) {
         if (strcmp(all[r].cannot, "validation") == 0)
             give_up("rank %d's replay validation failed earlier (a replay there does not reproduce the device "
@@ -544,7 +550,9 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
                     "copy, or host memory the device proxy could not map)", r);
         if (strcmp(all[r].cannot, "managed") == 0)
             give_up("rank %d has managed memory (cudaMallocManaged), which a replay cannot reset", r);
-        if (strcmp(all[r].cannot, "none") != 0)
+        if (strcmp(all[r].cannot, "unchecked") == 0 && unchecked < 0)
+            unchecked = r;                         /* (said below, after the reasons about the minibatch itself) */
+        else if (strcmp(all[r].cannot, "none") != 0 && strcmp(all[r].cannot, "unchecked") != 0)
             give_up("rank %d cannot take part (%s: transparent mode recovers one communicator of all ranks)", r,
                     all[r].cannot);
         if (all[r].mem && all[r].done >= K)
@@ -602,6 +610,11 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
         give_up("minibatch %llu cannot be replayed: %s", (unsigned long long)K, noreplay);
     if (!skip && K == 0)
         give_up("minibatch 0 holds the program's set-up and cannot be replayed");
+    if (unchecked >= 0)
+        give_up("no replay validation has passed yet on rank %d (the first is at minibatch %ld, "
+                "JITCKPT_TRANSPARENT_VALIDATE_AT): whether a replay reproduces this program's minibatch is not known "
+                "(state changed in place that no call announces, such as BatchNorm's num_batches_tracked, would be "
+                "changed twice), so the recovery would not be known to be exact", unchecked, validate_at);
     if (!skip)
         calllog_drop_until(K);
 
@@ -727,6 +740,7 @@ static size_t npre;
 static int64_t validating = -1;
 static long validate_at = 5, validate_every = 1000;
 static int validate_configured;
+static int validated_once;              /* a replay validation has passed on this rank */
 #define VALIDATE_RETRIES 3
 static int64_t validate_retry = -1;     /* a skipped check is tried again at this minibatch */
 static int validate_retries;            /* checks skipped in a row */
@@ -1191,6 +1205,7 @@ void remote_validate_end(uint64_t minibatch)
             if (write_alloc(&c, end[i].addr, end[i].bytes, end[i].size) != 0)
                 failed = "writing the minibatch's result back";
     } else if (!failed) {
+        validated_once = 1;
         remote_rewind_learned();
         if (!learnt)
             rlog("rank %d: replay validation at minibatch %llu: the replay of %llu calls reproduces device memory "

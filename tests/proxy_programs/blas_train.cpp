@@ -138,6 +138,14 @@ int main(int argc, char **argv)
     BLAS(cublasSetWorkspace(blas, d_workspace, 1 << 16));
     BLAS(cublasSetMathMode(blas, CUBLAS_PEDANTIC_MATH));
 
+    // BLAS_TRAIN_COUNTER=1: a counter in device memory that every forward pass adds 1 to in place, through a
+    // 1x1 GEMM (count = 1 * 1 + 1 * count), as PyTorch's BatchNorm adds to num_batches_tracked; in the checksum
+    const int counter = env_int("BLAS_TRAIN_COUNTER", 0);
+    float *d_count = nullptr;
+    if (counter) {
+        CUDA(cudaMalloc((void **)&d_count, sizeof(float)));
+        CUDA(cudaMemcpy(d_count, &ident[0], sizeof(float), cudaMemcpyHostToDevice));  // 1.0: one start
+    }
     const OptimizerPhase optimizer;
     StepTimer timer(rank);
     const float one = 1.0f, minus_one = -1.0f, inv_b = 1.0f / kBatch, zero = 0.0f;
@@ -165,6 +173,8 @@ int main(int argc, char **argv)
                              &minus_one, d_err, kOut));
         BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, kOut, kIn, kBatch, &inv_b, d_err, kOut, d_x, kIn, &zero,
                          d_g, kOut));
+        if (counter)
+            BLAS(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, d_ident, 1, d_ident, 1, &one, d_count, 1));
         on_nccl_stream(streams, [&](cudaStream_t s) {
             NCCL(ncclAllReduce(d_g, d_g, kOut * kIn, ncclFloat32, ncclSum, job.comm, s));
         });
@@ -180,6 +190,11 @@ int main(int argc, char **argv)
     }
     CUDA(cudaStreamSynchronize(compute));
     CUDA(cudaMemcpy(w.data(), d_w, w.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    if (counter) {  // the counter's bytes after the parameters'
+        float count = 0;
+        CUDA(cudaMemcpy(&count, d_count, sizeof count, cudaMemcpyDeviceToHost));
+        w.push_back(count);
+    }
     print_checksum(rank, fnv1a64(w.data(), w.size() * sizeof(float)));
     BLAS(cublasDestroy(blas));
     NCCL(ncclCommDestroy(job.comm));
