@@ -4,8 +4,9 @@
 #
 # Two passes (tests/conftest.py, "running the suite in parallel"):
 #   1. every test not marked `serial`, on $JITCKPT_TEST_WORKERS pytest-xdist
-#      workers (default 3: on two cores most tests wait on processes, timeouts
-#      and sleeps more than they compute);
+#      workers (default: one more than the cores, at least 3; the run is CPU-bound
+#      -- ~80% of a job's CPU is its processes' `import torch` -- so more cores
+#      make it faster in proportion, and the extra worker covers tests' waits);
 #   2. the `serial` tests (they time things or need the machine to themselves),
 #      alone, one at a time.
 # Both passes share one directory for what is computed once per run (the
@@ -16,7 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=${PYTHON:-python3}
-WORKERS=${JITCKPT_TEST_WORKERS:-3}
+cores=$(nproc 2>/dev/null || echo 2)
+WORKERS=${JITCKPT_TEST_WORKERS:-$(( cores + 1 > 3 ? cores + 1 : 3 ))}
 
 # The run's shared directory (a short path: the workers' tmp_path is under it, and some
 # tests place Unix sockets there); kept when a test failed, for the post-mortem.
