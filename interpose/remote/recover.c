@@ -76,6 +76,7 @@ static uint64_t last_done;
 static const char *invalid;      /* validation found the replay unfaithful: recovery refuses (the reason) */
 static const char *invalid_code = "validation";   /* the report's `cannot` word for it */
 static void validate_configure(void);   /* replay validation (below): when, and whether one has passed */
+#define VALIDATE_RETRIES 3              /* a check skipped is tried again at most this often in a row */
 static long validate_at;
 static int validated_once;
 
@@ -611,10 +612,11 @@ int32_t remote_recover(struct rcall *c0, const char *why, int memory_lost, int p
     if (!skip && K == 0)
         give_up("minibatch 0 holds the program's set-up and cannot be replayed");
     if (unchecked >= 0)
-        give_up("no replay validation has passed yet on rank %d (the first is at minibatch %ld, "
-                "JITCKPT_TRANSPARENT_VALIDATE_AT): whether a replay reproduces this program's minibatch is not known "
-                "(state changed in place that no call announces, such as BatchNorm's num_batches_tracked, would be "
-                "changed twice), so the recovery would not be known to be exact", unchecked, validate_at);
+        give_up("no replay validation has passed yet on rank %d (checks from minibatch %ld, "
+                "JITCKPT_TRANSPARENT_VALIDATE_AT; one skipped is tried again at most %d times): whether a replay "
+                "reproduces this program's minibatch is not known (state changed in place that no call announces, "
+                "such as BatchNorm's num_batches_tracked, would be changed twice), so the recovery would not be "
+                "known to be exact", unchecked, validate_at, VALIDATE_RETRIES);
     if (!skip)
         calllog_drop_until(K);
 
@@ -741,7 +743,6 @@ static int64_t validating = -1;
 static long validate_at = 5, validate_every = 1000;
 static int validate_configured;
 static int validated_once;              /* a replay validation has passed on this rank */
-#define VALIDATE_RETRIES 3
 static int64_t validate_retry = -1;     /* a skipped check is tried again at this minibatch */
 static int validate_retries;            /* checks skipped in a row */
 static int64_t skip_for = -1;           /* the minibatch this rank cannot check, and why (a code of skip_text) */
@@ -993,8 +994,10 @@ static int validate_agree(uint64_t minibatch, int can)
     validate_retry = again ? (int64_t)minibatch + 1 : -1;
     if (!invalid)
         rlog("rank %d: replay validation at minibatch %llu is skipped on every rank: rank %d cannot take part (%s); "
-             "%s", rank, (unsigned long long)minibatch, a.first, skip_text(a.code),
-             again ? "it is tried again at the next minibatch" : "the next is at its usual time");
+             "%s%s", rank, (unsigned long long)minibatch, a.first, skip_text(a.code),
+             again ? "it is tried again at the next minibatch" : "the next is at its usual time",
+             again || validated_once ? "" : ".  No check has passed yet: until one does, a failure stops every rank "
+                                            "(exit status 75) instead of a recovery");
     return 0;
 }
 

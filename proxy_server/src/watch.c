@@ -28,13 +28,13 @@
  * communicator list here, under the lock. */
 
 #include "dispatch.h"
+#include "jitckpt_sticky.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
 #define WATCH_MS 5
-#define EVENT_POOL 4096
 
 static __typeof__(cudaEventCreateWithFlags) *r_event_create;
 static __typeof__(cudaEventRecord) *r_event_record;
@@ -80,8 +80,8 @@ static uint64_t now_ns(void)
 
 /* ---- the event pool (under mu) ------------------------------------------------------ */
 
-static cudaEvent_t pool[EVENT_POOL];
-static int npool;
+static cudaEvent_t *pool;            /* events done with, for reuse (grows: none is leaked) */
+static size_t npool, cap_pool;
 static cudaEvent_t held_event;       /* the event the main thread is synchronising on: not recycled meanwhile */
 static int held_event_done;          /* poll_colls passed it while held: recycle it after */
 
@@ -99,8 +99,10 @@ static void event_put(cudaEvent_t e)
         held_event_done = 1;
         return;
     }
-    if (e && npool < EVENT_POOL)
-        pool[npool++] = e;            /* else leaked: the pool is full only after an abort storm */
+    if (e) {
+        make_room((void **)&pool, &cap_pool, npool, sizeof *pool, "CUDA events kept for reuse");
+        pool[npool++] = e;
+    }
 }
 
 /* ---- collectives in flight (under mu) ----------------------------------------------- */
@@ -155,7 +157,8 @@ static struct dep *dep_of(struct dep_table *d, uint64_t vid, int create)
             if (d->t[i].need > done)
                 d->t[kept++] = d->t[i];
         d->n = kept;
-        make_room((void **)&d->t, &d->cap, d->n, sizeof *d->t, d->what);
+        if (kept == d->cap || kept > d->cap / 2)   /* (mostly) pending: grow, rather than compact at every insert */
+            make_room((void **)&d->t, &d->cap, d->cap, sizeof *d->t, d->what);
     }
     d->t[d->n] = (struct dep){vid, 0};
     return &d->t[d->n++];
@@ -534,10 +537,11 @@ int watch_handle(int kind, uint64_t vid)
     if ((cur_kind != K_WORK && cur_kind != K_BLAS_WORK) || !__atomic_load_n(&W->recovery_on, __ATOMIC_RELAXED))
         return 0;
     uint64_t need = need_of_stream(vid);
-    if (need == 0 || seq_done >= need)
+    uint64_t done = __atomic_load_n(&seq_done, __ATOMIC_SEQ_CST);
+    if (need == 0 || done >= need)
         return 0;
     pdebug("holding %s back: its stream waits for collective %llu (%llu done)", dispatch_generated[cur_fn].name,
-           (unsigned long long)need, (unsigned long long)seq_done);
+           (unsigned long long)need, (unsigned long long)done);
     for (;;) {
         /* An abort first: an aborted collective "completes" without its result. */
         if (aborting()) {
@@ -600,10 +604,22 @@ static void record_collective(uint64_t stream_vid)
         coll_head = n;
     }
     {
-        cudaEvent_t e = event_get();
-        if (e && r_event_record(e, (cudaStream_t)real) != cudaSuccess) {
+        /* The collective's completion is watched through this event.  Without one it would count as complete
+         * at once and release the work waiting for it: acceptable only when the device is lost (nothing runs
+         * on it; its sticky error makes the worker recover), otherwise the proxy stops, loudly. */
+        cudaEvent_t e = npool > 0 ? pool[--npool] : NULL;
+        cudaError_t err = e ? cudaSuccess : r_event_create(&e, cudaEventDisableTiming);
+        if (err == cudaSuccess && (err = r_event_record(e, (cudaStream_t)real)) != cudaSuccess)
             event_put(e);
+        if (err != cudaSuccess) {
             e = NULL;
+            if (!jitckpt_sticky_cuda_error((int)err)) {
+                plog("no CUDA event to watch collective %llu with (error %d): the proxy stops rather than let the "
+                     "work that waits for it run early", (unsigned long long)seq_issued + 1, (int)err);
+                abort();
+            }
+            if (W->device_error == 0)
+                __atomic_store_n(&W->device_error, (int32_t)err, __ATOMIC_SEQ_CST);
         }
         uint64_t seq = ++seq_issued;
         colls[coll_head % cap_colls] = (struct coll){seq, now_ns(), e};
