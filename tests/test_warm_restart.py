@@ -238,7 +238,9 @@ def test_a_warm_worker_looks_like_a_fresh_one(tmp_path, module):
 def _train_job(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path, Path]:
     ckpt = tmp_path / name / "ckpt"
     ckpt.parent.mkdir()
-    cmd = _jit_run_cmd(ckpt, ["--nproc_per_node", "4", str(EXAMPLE), *TRAIN_ARGS, "--step-sleep", "1.0"])
+    # 2 s per step: the 4 standbys must be ready (each imports torch, on a loaded 2-core machine up to ~30 s)
+    # well before the job's last step, when the test kills a rank (the sleep does not change the numbers)
+    cmd = _jit_run_cmd(ckpt, ["--nproc_per_node", "4", str(EXAMPLE), *TRAIN_ARGS, "--step-sleep", "2.0"])
     log = ckpt.parent / "job.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=job_env(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO)

@@ -604,22 +604,25 @@ static void record_collective(uint64_t stream_vid)
         coll_head = n;
     }
     {
-        /* The collective's completion is watched through this event.  Without one it would count as complete
-         * at once and release the work waiting for it: acceptable only when the device is lost (nothing runs
-         * on it; its sticky error makes the worker recover), otherwise the proxy stops, loudly. */
+        /* The collective's completion is watched through this event; without one it counts as complete at
+         * once.  A lost device (a sticky error) runs nothing more, and its error makes the worker recover.
+         * Otherwise it is said: a stream of another device (ncclCommInitAll's communicators: recovery refuses
+         * several communicators anyway), or no event to be had (work after it is not held back). */
         cudaEvent_t e = npool > 0 ? pool[--npool] : NULL;
         cudaError_t err = e ? cudaSuccess : r_event_create(&e, cudaEventDisableTiming);
         if (err == cudaSuccess && (err = r_event_record(e, (cudaStream_t)real)) != cudaSuccess)
             event_put(e);
         if (err != cudaSuccess) {
             e = NULL;
-            if (!jitckpt_sticky_cuda_error((int)err)) {
-                plog("no CUDA event to watch collective %llu with (error %d): the proxy stops rather than let the "
-                     "work that waits for it run early", (unsigned long long)seq_issued + 1, (int)err);
-                abort();
+            if (jitckpt_sticky_cuda_error((int)err)) {
+                if (W->device_error == 0)
+                    __atomic_store_n(&W->device_error, (int32_t)err, __ATOMIC_SEQ_CST);
+            } else {
+                static int said;
+                if (!said++)
+                    plog("collective %llu cannot be watched (no CUDA event on its stream: error %d): work after it "
+                         "is not held back (said once)", (unsigned long long)seq_issued + 1, (int)err);
             }
-            if (W->device_error == 0)
-                __atomic_store_n(&W->device_error, (int32_t)err, __ATOMIC_SEQ_CST);
         }
         uint64_t seq = ++seq_issued;
         colls[coll_head % cap_colls] = (struct coll){seq, now_ns(), e};
