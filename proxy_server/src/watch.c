@@ -68,6 +68,26 @@ static void make_room(void **table, size_t *cap, size_t n, size_t elem, const ch
     *cap = grown_cap;
 }
 
+/* A full ring [*tail, *head) of elem-sized slots, doubled: the same entries, oldest first from slot 0; the new
+ * slots zeroed.  (Full: every slot is live, so whatever a slot owns moves with it.) */
+static void grow_ring(void **ring, size_t *cap, size_t *tail, size_t *head, size_t elem, const char *what)
+{
+    size_t n = *head - *tail, grown_cap = *cap ? 2 * *cap : 64;
+    unsigned char *grown = calloc(grown_cap, elem);
+    if (!grown) {
+        plog("out of memory for the ring of %zu %s: the proxy stops rather than let work run past an "
+             "unfinished collective", n + 1, what);
+        abort();
+    }
+    for (size_t i = 0; i < n; i++)
+        memcpy(grown + i * elem, (unsigned char *)*ring + ((*tail + i) % *cap) * elem, elem);
+    free(*ring);
+    *ring = grown;
+    *cap = grown_cap;
+    *tail = 0;
+    *head = n;
+}
+
 struct jitckpt_wire *watch_wire(void) { return W; }
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -362,22 +382,9 @@ void watch_mark(uint64_t index)
     if (__atomic_load_n(&capturing, __ATOMIC_SEQ_CST))
         return;
     pthread_mutex_lock(&mu);
-    if (mark_head - mark_tail == cap_markers) {   /* the device is that far behind: a larger ring (a marker
-                                                   * is done only when its events are: the log needs it) */
-        struct marker *ring = NULL;
-        size_t n = mark_head - mark_tail, cap = 0;
-        make_room((void **)&ring, &cap, 0, sizeof *ring, "minibatch markers");
-        while (cap <= n)
-            make_room((void **)&ring, &cap, cap, sizeof *ring, "minibatch markers");
-        memset(ring, 0, cap * sizeof *ring);
-        for (size_t i = 0; i < n; i++)
-            ring[i] = markers[(mark_tail + i) % cap_markers];   /* (full: every slot is live, its ev moves) */
-        free(markers);
-        markers = ring;
-        cap_markers = cap;
-        mark_tail = 0;
-        mark_head = n;
-    }
+    if (mark_head - mark_tail == cap_markers)   /* the device is that far behind: a larger ring (a marker is done
+                                                 * only when its events are: the log needs it) */
+        grow_ring((void **)&markers, &cap_markers, &mark_tail, &mark_head, sizeof *markers, "minibatch markers");
     struct marker *m = &markers[mark_head % cap_markers];
     m->index = index;
     m->n = 0;
@@ -589,20 +596,8 @@ static void record_collective(uint64_t stream_vid)
     pthread_mutex_lock(&mu);
     if (coll_head - coll_tail == cap_colls)
         poll_colls();
-    if (coll_head - coll_tail == cap_colls) {   /* every one unfinished: a larger ring, oldest first from 0 */
-        struct coll *ring = NULL;
-        size_t n = coll_head - coll_tail, cap = 0;
-        make_room((void **)&ring, &cap, 0, sizeof *ring, "collectives in flight");
-        while (cap <= n)
-            make_room((void **)&ring, &cap, cap, sizeof *ring, "collectives in flight");
-        for (size_t i = 0; i < n; i++)
-            ring[i] = colls[(coll_tail + i) % cap_colls];
-        free(colls);
-        colls = ring;
-        cap_colls = cap;
-        coll_tail = 0;
-        coll_head = n;
-    }
+    if (coll_head - coll_tail == cap_colls)     /* every one unfinished: a larger ring */
+        grow_ring((void **)&colls, &cap_colls, &coll_tail, &coll_head, sizeof *colls, "collectives in flight");
     {
         /* The collective's completion is watched through this event; without one it counts as complete at
          * once.  A lost device (a sticky error) runs nothing more, and its error makes the worker recover.
