@@ -78,7 +78,7 @@ static const char *invalid_code = "validation";   /* the report's `cannot` word 
 static void validate_configure(void);   /* replay validation (below): when, and whether one has passed */
 #define VALIDATE_RETRIES 3              /* a check skipped is tried again at most this often in a row */
 static long validate_at;
-static int validated_once;
+static int validated_once;              /* a replay validation has passed on this rank */
 
 static double now_s(void)
 {
@@ -742,7 +742,6 @@ static size_t npre;
 static int64_t validating = -1;
 static long validate_at = 5, validate_every = 1000;
 static int validate_configured;
-static int validated_once;              /* a replay validation has passed on this rank */
 static int64_t validate_retry = -1;     /* a skipped check is tried again at this minibatch */
 static int validate_retries;            /* checks skipped in a row */
 static int64_t skip_for = -1;           /* the minibatch this rank cannot check, and why (a code of skip_text) */
