@@ -257,6 +257,21 @@ def test_the_event_a_stream_waits_on_is_remembered_after_hundreds_recorded_since
     assert_recovered(proc, reference, minibatch=7)
 
 
+def test_a_stream_of_another_device_is_waited_for_at_minibatch_boundaries(blas_train, tmp_path):
+    """Each rank also holds a stream of a second device (as a program that touches two GPUs does).  An event of
+    the current device cannot be recorded on it (cudaErrorInvalidResourceHandle), so the proxy's minibatch
+    marker left that stream out without a word: a minibatch counted as done on the device while that device's
+    work could still be running, and the call log dropped it.  The marker now records an event made on the
+    stream's own device; a hang is recovered bit-exact, with replay validation."""
+    two = {"JITCKPT_SIMDEV_DEVICES": "2"}
+    reference = blas_reference(blas_train, tmp_path, "0", two)
+    proc = torchrun(blas_train, tmp_path, True, {**two, "TRAIN_OTHER_DEVICE_STREAM": "1",
+                                                 "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang"})
+    out = assert_recovered(proc, reference, minibatch=7)
+    assert "no event could be recorded" not in out, out[-4000:]
+    assert len(re.findall(r"replay validation at minibatch 5: the replay of \d+ calls reproduces", out)) == 3, out[-4000:]
+
+
 def test_a_failure_before_the_first_replay_validation_stops_the_job_and_one_after_is_recovered(blas_train,
                                                                                                 tmp_path):
     """A counter in device memory that each forward pass adds 1 to in place, through cuBLAS (as BatchNorm adds to

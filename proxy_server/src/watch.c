@@ -38,6 +38,10 @@
 
 static __typeof__(cudaEventCreateWithFlags) *r_event_create;
 static __typeof__(cudaEventRecord) *r_event_record;
+static __typeof__(cudaEventDestroy) *r_event_destroy;
+static __typeof__(cudaStreamGetDevice) *r_stream_device;
+static __typeof__(cudaGetDevice) *r_get_device;
+static __typeof__(cudaSetDevice) *r_set_device;
 static __typeof__(cudaEventQuery) *r_event_query;
 static __typeof__(cudaEventSynchronize) *r_event_sync;
 static __typeof__(cudaStreamWaitEvent) *r_stream_wait;
@@ -340,41 +344,97 @@ void watch_comm_added(ncclComm_t c)
 
 /* ---- minibatch markers (under mu) --------------------------------------------------- */
 
-struct marker { uint64_t index; size_t n, cap; cudaEvent_t *ev; };   /* an event on every stream (ev grows) */
+/* An event on every stream: from the pool (ev), or for a stream of another device one made on that device
+ * (own; destroyed when done, the pool's are the current device's).  Both grow.  `unmarked`: a stream on which
+ * no event could be recorded (a failing runtime, no cudaStreamGetDevice): this marker cannot say that the
+ * device finished its minibatch, so it counts as done only together with the next marker that every stream
+ * passed (streams run in order). */
+struct marker { uint64_t index; size_t n, cap, n_own, cap_own; cudaEvent_t *ev, *own; int unmarked; };
 static struct marker *markers;
 static size_t mark_head, mark_tail, cap_markers;   /* ring: [tail, head) not yet done; grows */
+
+/* 1 once the newest of events[0, *n) is done (each is released as it is; 0: not yet, or a device error). */
+static int events_done(cudaEvent_t *events, size_t *n, int own)
+{
+    for (; *n > 0; (*n)--) {
+        cudaError_t e = r_event_query(events[*n - 1]);
+        if (e == cudaErrorNotReady)
+            return 0;
+        if (e != cudaSuccess) {          /* not completed: a device error (the marker never counts as done) */
+            if (W->device_error == 0)
+                __atomic_store_n(&W->device_error, (int32_t)e, __ATOMIC_SEQ_CST);
+            return 0;
+        }
+        if (own)
+            r_event_destroy(events[*n - 1]);
+        else
+            event_put(events[*n - 1]);
+    }
+    return 1;
+}
 
 static void poll_markers(void)
 {
     while (mark_tail != mark_head) {
         struct marker *m = &markers[mark_tail % cap_markers];
-        for (; m->n > 0; m->n--) {
-            cudaError_t e = r_event_query(m->ev[m->n - 1]);
-            if (e == cudaErrorNotReady)
-                return;
-            if (e != cudaSuccess) {      /* not completed: a device error (the marker never counts as done) */
-                if (W->device_error == 0)
-                    __atomic_store_n(&W->device_error, (int32_t)e, __ATOMIC_SEQ_CST);
-                return;
-            }
-            event_put(m->ev[m->n - 1]);
-        }
-        __atomic_store_n(&W->done_marker, m->index + 1, __ATOMIC_SEQ_CST);
+        if (!events_done(m->ev, &m->n, 0) || !events_done(m->own, &m->n_own, 1))
+            return;
+        if (!m->unmarked)               /* (done_marker covers every earlier marker, unmarked ones included) */
+            __atomic_store_n(&W->done_marker, m->index + 1, __ATOMIC_SEQ_CST);
         mark_tail++;
     }
 }
 
 struct mark_arg { struct marker *m; };
 
+/* An event made on `stream`'s device and recorded on it (NULL when the runtime cannot); the current device is
+ * the same after.  (For a stream of another device; or of this one when the pool's event was made while the
+ * program had another device current.) */
+static cudaEvent_t event_on_device_of(cudaStream_t stream)
+{
+    int device = -1, current = -1;
+    if (!r_stream_device || !r_get_device || !r_set_device || !r_event_destroy ||
+        r_stream_device(stream, &device) != cudaSuccess || r_get_device(&current) != cudaSuccess ||
+        r_set_device(device) != cudaSuccess)
+        return NULL;
+    cudaEvent_t e = NULL;
+    if (r_event_create(&e, cudaEventDisableTiming) != cudaSuccess)
+        e = NULL;
+    else if (r_event_record(e, stream) != cudaSuccess) {
+        r_event_destroy(e);
+        e = NULL;
+    }
+    r_set_device(current);
+    return e;
+}
+
 static void mark_stream(uint64_t vid, void *real, void *arg)
 {
     struct marker *m = ((struct mark_arg *)arg)->m;
     make_room((void **)&m->ev, &m->cap, m->n, sizeof *m->ev, "streams a minibatch marker waits for");
     cudaEvent_t e = event_get();
-    if (e && r_event_record(e, (cudaStream_t)real) == cudaSuccess)
+    cudaError_t err = e ? r_event_record(e, (cudaStream_t)real) : cudaErrorMemoryAllocation;
+    if (err == cudaSuccess) {
         m->ev[m->n++] = e;
-    else
-        event_put(e);
+        return;
+    }
+    event_put(e);
+    if (err == cudaErrorInvalidResourceHandle && real) {  /* a stream of another device: an event of its own */
+        cudaEvent_t own = event_on_device_of((cudaStream_t)real);
+        if (own) {
+            make_room((void **)&m->own, &m->cap_own, m->n_own, sizeof *m->own, "other devices' streams a minibatch "
+                      "marker waits for");
+            m->own[m->n_own++] = own;
+            return;
+        }
+    }
+    m->unmarked = 1;
+    static int said;
+    if (!said++)
+        plog("minibatch %llu: no event could be recorded on stream %#llx (%s, error %d): a minibatch counts as done "
+             "on the device only at a later marker that every stream passed (the call log keeps more; it is "
+             "trimmed there, or recovery turns off at its size limit); said once", (unsigned long long)m->index,
+             (unsigned long long)vid, e ? "cudaEventRecord failed" : "no event", (int)err);
 }
 
 void watch_mark(uint64_t index)
@@ -387,7 +447,8 @@ void watch_mark(uint64_t index)
         grow_ring((void **)&markers, &cap_markers, &mark_tail, &mark_head, sizeof *markers, "minibatch markers");
     struct marker *m = &markers[mark_head % cap_markers];
     m->index = index;
-    m->n = 0;
+    m->n = m->n_own = 0;
+    m->unmarked = 0;
     struct mark_arg a = {m};
     vh_each(VH_STREAM, mark_stream, &a);
     mark_stream(0, NULL, &a);                          /* the legacy default stream */
@@ -732,6 +793,9 @@ void watch_clear(void)
         struct marker *m = &markers[mark_tail % cap_markers];
         for (size_t i = 0; i < m->n; i++)
             event_put(m->ev[i]);
+        for (size_t i = 0; i < m->n_own; i++)
+            r_event_destroy(m->own[i]);
+        m->n = m->n_own = 0;
     }
     __atomic_store_n(&seq_done, seq_issued, __ATOMIC_SEQ_CST);
     stream_deps.n = event_deps.n = 0;
@@ -790,6 +854,10 @@ int watch_start(struct jitckpt_wire *w)
     r_event_create = (__typeof__(r_event_create))proxy_sym(cudart, "cudaEventCreateWithFlags");
     r_event_record = (__typeof__(r_event_record))proxy_sym(cudart, "cudaEventRecord");
     r_event_query = (__typeof__(r_event_query))proxy_sym(cudart, "cudaEventQuery");
+    r_event_destroy = (__typeof__(r_event_destroy))proxy_sym(cudart, "cudaEventDestroy");
+    r_stream_device = (__typeof__(r_stream_device))proxy_sym(cudart, "cudaStreamGetDevice");
+    r_get_device = (__typeof__(r_get_device))proxy_sym(cudart, "cudaGetDevice");
+    r_set_device = (__typeof__(r_set_device))proxy_sym(cudart, "cudaSetDevice");
     r_event_sync = (__typeof__(r_event_sync))proxy_sym(cudart, "cudaEventSynchronize");
     r_stream_wait = (__typeof__(r_stream_wait))proxy_sym(cudart, "cudaStreamWaitEvent");
     r_memcpy_async = (__typeof__(r_memcpy_async))proxy_sym(cudart, "cudaMemcpyAsync");

@@ -157,6 +157,9 @@ struct Streams {
     cudaStream_t compute = nullptr, nccl = nullptr;
     cudaEvent_t ready = nullptr, done = nullptr;
     std::vector<cudaEvent_t> spare;  // TRAIN_SPARE_EVENTS=N: recorded after each collective, never waited on
+    // TRAIN_OTHER_DEVICE_STREAM=1: a stream of the next device, as a program that touches a second GPU has; this
+    // device's events cannot be recorded on it (cudaErrorInvalidResourceHandle)
+    cudaStream_t other_device = nullptr;
 };
 
 inline Streams make_streams()
@@ -169,6 +172,15 @@ inline Streams make_streams()
     s.spare.resize(env_int("TRAIN_SPARE_EVENTS", 0));
     for (cudaEvent_t &e : s.spare)
         CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (env_int("TRAIN_OTHER_DEVICE_STREAM", 0)) {
+        int device = 0, n = 0;
+        CUDA(cudaGetDevice(&device));
+        CUDA(cudaGetDeviceCount(&n));
+        check(n > 1, "TRAIN_OTHER_DEVICE_STREAM", __LINE__, "needs a second device");
+        CUDA(cudaSetDevice((device + 1) % n));
+        CUDA(cudaStreamCreate(&s.other_device));
+        CUDA(cudaSetDevice(device));
+    }
     return s;
 }
 
