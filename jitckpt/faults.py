@@ -9,7 +9,7 @@ Spec syntax (``jit-run --fault`` or ``JITCKPT_FAULT``), several separated by ``;
 - ``phase``: ``forward``, ``backward``, ``allreduce``, ``optimizer`` or ``save``
   (during the just-in-time save, on a healthy rank that is saving).
 - ``kind``: ``kill`` (SIGKILL: the process vanishes), ``hang`` (SIGSTOP: the
-  process freezes, sockets stay open), ``raise`` (a Python exception),
+  process freezes where the fault is, sockets stay open), ``raise`` (a Python exception),
   ``term`` (SIGTERM to itself: a preemption notice; jitckpt turns it into a
   JIT save of every rank at the next safe point, and the job resumes from it).
 - ``attempt``: which torchrun restart the fault fires in (default 0, the first
@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import threading
 
 from jitckpt import eventlog
 
@@ -102,7 +103,12 @@ def fire(spec: FaultSpec) -> None:
     if spec.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif spec.kind == "hang":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Directed at this thread, so that it stops here.  A SIGSTOP sent to the process is taken by
+        # the main thread: another thread that reaches the fault (an autograd device thread running
+        # DDP's comm hook) went on until the main thread was scheduled, and on a loaded machine
+        # carried out part of the all-reduce it was to hang before (one replica then finished the
+        # minibatch, the other did not).  The stop is still the whole process's.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
     elif spec.kind == "term":
         os.kill(os.getpid(), signal.SIGTERM)  # the handler records it; the process goes on to the next safe point
     else:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
+from conftest import REPO
 from jitckpt import faults
 from jitckpt.worker import rng_state
 
@@ -47,6 +53,55 @@ def test_injector_fires_only_for_its_rank_attempt_and_once():
     with pytest.raises(faults.InjectedFault):
         injector.maybe_fire("forward", 3)
     injector.maybe_fire("forward", 3)  # already fired
+
+
+_HANG_FROM_A_THREAD = """
+import sys, threading
+from jitckpt import faults
+out = sys.argv[1]
+
+def device_thread():  # as autograd's device thread runs DDP's comm hook, where phase=allreduce fires
+    faults.fire(faults.FaultSpec(rank=0, step=0, phase="allreduce", kind="hang"))
+    with open(out, "a") as f:  # what the thread does after the fault: issue the collective
+        for _ in range(1000):
+            f.write("x")
+            f.flush()
+
+t = threading.Thread(target=device_thread)
+t.start()
+t.join()
+"""
+
+
+def _process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_hang_stops_the_thread_that_reaches_it_there(tmp_path, attempt):
+    """A ``kind=hang`` fault reached on another thread than the main one stops the process before that thread goes
+    on.  A SIGSTOP sent to the process is taken by the main thread; the thread that sent it ran on meanwhile (under
+    load: part of the all-reduce it was to hang before, so one replica finished the minibatch and another did
+    not).  What the thread does after the fault shows only once the process is continued."""
+    out = tmp_path / "after-the-fault"
+    out.touch()
+    child = subprocess.Popen([sys.executable, "-c", _HANG_FROM_A_THREAD, str(out)], cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 60
+        while _process_state(child.pid) != "T":
+            assert child.poll() is None and time.monotonic() < deadline, "the process never stopped"
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert out.read_text() == "", "the thread went on after the fault before the process stopped"
+        os.kill(child.pid, signal.SIGCONT)
+        assert child.wait(60) == 0
+        assert out.read_text() == "x" * 1000  # continued: it goes on from the fault
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def test_rng_capture_restore_reproduces_random_streams():
