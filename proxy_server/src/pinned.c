@@ -68,7 +68,7 @@ static int receive_one(void)
         return -1;                               /* end-of-file: the liveness check says it */
     if (n != (ssize_t)sizeof m || m.magic != JITCKPT_WIRE_PINNED_MAGIC || fd < 0) {
         static int said;
-        if (!said++)
+        if (!said && (said = 1))
             plog("the worker sent an unexpected message on the socket (%zd bytes); ignored", n);
         if (fd >= 0)
             close(fd);

@@ -404,7 +404,13 @@ static cudaEvent_t event_on_device_of(cudaStream_t stream)
         r_event_destroy(e);
         e = NULL;
     }
-    r_set_device(current);
+    cudaError_t back = r_set_device(current);
+    if (back != cudaSuccess) {          /* the program's next calls would run on another device: stop them */
+        plog("cannot make device %d current again after marking a stream of device %d (error %d)", current, device,
+             (int)back);
+        if (W->device_error == 0)
+            __atomic_store_n(&W->device_error, (int32_t)back, __ATOMIC_SEQ_CST);
+    }
     return e;
 }
 
@@ -430,7 +436,7 @@ static void mark_stream(uint64_t vid, void *real, void *arg)
     }
     m->unmarked = 1;
     static int said;
-    if (!said++)
+    if (!said && (said = 1))
         plog("minibatch %llu: no event could be recorded on stream %#llx (%s, error %d): a minibatch counts as done "
              "on the device only at a later marker that every stream passed (the call log keeps more; it is "
              "trimmed there, or recovery turns off at its size limit); said once", (unsigned long long)m->index,
@@ -449,11 +455,14 @@ void watch_mark(uint64_t index)
     m->index = index;
     m->n = m->n_own = 0;
     m->unmarked = 0;
+    cudaError_t before = r_peek_error ? r_peek_error() : cudaSuccess;
     struct mark_arg a = {m};
     vh_each(VH_STREAM, mark_stream, &a);
     mark_stream(0, NULL, &a);                          /* the legacy default stream */
     mark_head++;
     pthread_mutex_unlock(&mu);
+    if (before == cudaSuccess && r_get_error)
+        r_get_error();                  /* a record refused on another device's stream is not the program's error */
 }
 
 /* ---- rewind saves (JITCKPT_RFN_REWIND; the worker's interpose/remote/rewind.c) ----------
@@ -654,6 +663,8 @@ static void record_collective(uint64_t stream_vid)
     void *real = NULL;
     if (vh_lookup(VH_STREAM, stream_vid, &real) != 0)
         return;
+    cudaError_t before = r_peek_error ? r_peek_error() : cudaSuccess;
+    int unwatched = 0;
     pthread_mutex_lock(&mu);
     if (coll_head - coll_tail == cap_colls)
         poll_colls();
@@ -670,12 +681,13 @@ static void record_collective(uint64_t stream_vid)
             event_put(e);
         if (err != cudaSuccess) {
             e = NULL;
+            unwatched = 1;
             if (jitckpt_sticky_cuda_error((int)err)) {
                 if (W->device_error == 0)
                     __atomic_store_n(&W->device_error, (int32_t)err, __ATOMIC_SEQ_CST);
             } else {
                 static int said;
-                if (!said++)
+                if (!said && (said = 1))
                     plog("collective %llu cannot be watched (no CUDA event on its stream: error %d): work after it "
                          "is not held back (said once)", (unsigned long long)seq_issued + 1, (int)err);
             }
@@ -687,6 +699,8 @@ static void record_collective(uint64_t stream_vid)
         d->need = seq;
     }
     pthread_mutex_unlock(&mu);
+    if (unwatched && before == cudaSuccess && r_get_error)
+        r_get_error();                  /* a record we could not make is not the program's last error */
 }
 
 void watch_after(unsigned fn, int32_t ret)

@@ -189,6 +189,8 @@ inline Streams make_streams()
 template <class Collective>
 inline void on_nccl_stream(const Streams &s, Collective &&collective)
 {
+    if (s.other_device)  // as PyTorch checks after every kernel launch: nothing the proxy did is the program's error
+        CUDA(cudaGetLastError());
     CUDA(cudaEventRecord(s.ready, s.compute));
     CUDA(cudaStreamWaitEvent(s.nccl, s.ready, 0));
     collective(s.nccl);
