@@ -272,6 +272,21 @@ def test_a_stream_of_another_device_is_waited_for_at_minibatch_boundaries(blas_t
     assert len(re.findall(r"replay validation at minibatch 5: the replay of \d+ calls reproduces", out)) == 3, out[-4000:]
 
 
+def test_state_changed_in_place_is_saved_with_a_stream_of_another_device(blas_train, tmp_path):
+    """The rewind save (state a minibatch changes in place, here a counter every forward pass adds 1 to) orders
+    its copies after every stream's work with an event recorded on each stream.  An event of the current device
+    cannot be recorded on a stream of a second device, so the save failed and the recovery refused the hang
+    ("rewind" unusable) although nothing was wrong; each stream now gets an event of its own device."""
+    two = {"JITCKPT_SIMDEV_DEVICES": "2", "BLAS_TRAIN_COUNTER": "1"}
+    reference = blas_reference(blas_train, tmp_path, "0", two)
+    proc = torchrun(blas_train, tmp_path, True, {**two, "TRAIN_OTHER_DEVICE_STREAM": "1",
+                                                 "JITCKPT_SIMDEV_FAULT": "rank=1,op=ncclAllReduce,call=9,kind=hang"})
+    out = assert_recovered(proc, reference)  # (resumed at 6 or 7: how far the device was behind the host)
+    assert out.count("replay validation at minibatch 5: the minibatch changes 4 bytes in 1 range(s) of device "
+                     "memory in place") == 3, out[-4000:]
+    assert "no event could be recorded" not in out, out[-4000:]
+
+
 def test_a_failure_before_the_first_replay_validation_stops_the_job_and_one_after_is_recovered(blas_train,
                                                                                                 tmp_path):
     """A counter in device memory that each forward pass adds 1 to in place, through cuBLAS (as BatchNorm adds to

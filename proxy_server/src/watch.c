@@ -102,36 +102,96 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* ---- the event pool (under mu) ------------------------------------------------------ */
+/* ---- events (under mu) ------------------------------------------------------------
+ *
+ * An event can be recorded only on a stream of the device it was made on (another device's stream refuses it:
+ * cudaErrorInvalidResourceHandle), and a program may have streams on several devices (or ncclCommInitAll's
+ * communicators may).  So every event the proxy records goes through record_on, which takes one made on the
+ * stream's own device, and the events done with are kept for reuse per device.  Waiting for an event works
+ * from any device's stream. */
 
-static cudaEvent_t *pool;            /* events done with, for reuse (grows: none is leaked) */
-static size_t npool, cap_pool;
-static cudaEvent_t held_event;       /* the event the main thread is synchronising on: not recycled meanwhile */
+struct dev_event { cudaEvent_t e; int dev; };     /* e NULL: none; dev -1: the device is not known */
+struct event_pool { cudaEvent_t *ev; size_t n, cap; };
+static struct event_pool *pools;                  /* by device; grows */
+static size_t n_pools;
+static struct dev_event held_event;  /* the event the main thread is synchronising on: not recycled meanwhile */
 static int held_event_done;          /* poll_colls passed it while held: recycle it after */
 
-static cudaEvent_t event_get(void)
+/* The device whose work `stream` runs (the legacy default stream's: the current device); -1 if not known. */
+static int device_of(cudaStream_t stream)
 {
-    if (npool > 0)
-        return pool[--npool];
-    cudaEvent_t e = NULL;
-    return r_event_create(&e, cudaEventDisableTiming) == cudaSuccess ? e : NULL;
+    int dev = -1;
+    if (stream && r_stream_device && r_stream_device(stream, &dev) == cudaSuccess)
+        return dev;
+    return r_get_device && r_get_device(&dev) == cudaSuccess ? dev : -1;
 }
 
-static void event_put(cudaEvent_t e)
+/* A new event made on `dev` (-1: the current device); the current device is the same after. */
+static cudaEvent_t event_create_on(int dev, cudaError_t *err)
 {
-    if (e && e == held_event) {
+    int current = -1;
+    int other = dev >= 0 && r_get_device && r_set_device && r_get_device(&current) == cudaSuccess && current != dev;
+    if (other && (*err = r_set_device(dev)) != cudaSuccess)
+        return NULL;
+    cudaEvent_t e = NULL;
+    if ((*err = r_event_create(&e, cudaEventDisableTiming)) != cudaSuccess)
+        e = NULL;
+    cudaError_t back = other ? r_set_device(current) : cudaSuccess;
+    if (back != cudaSuccess) {          /* the program's next calls would run on another device: stop them */
+        plog("cannot make device %d current again after making an event on device %d (error %d)", current, dev,
+             (int)back);
+        if (W->device_error == 0)
+            __atomic_store_n(&W->device_error, (int32_t)back, __ATOMIC_SEQ_CST);
+    }
+    return e;
+}
+
+static void event_put(struct dev_event d)
+{
+    if (!d.e)
+        return;
+    if (d.e == held_event.e) {
         held_event_done = 1;
         return;
     }
-    if (e) {
-        make_room((void **)&pool, &cap_pool, npool, sizeof *pool, "CUDA events kept for reuse");
-        pool[npool++] = e;
+    if (d.dev < 0) {                    /* (which pool it belongs to is not known) */
+        r_event_destroy(d.e);
+        return;
     }
+    if ((size_t)d.dev >= n_pools) {
+        size_t n = (size_t)d.dev + 1;
+        struct event_pool *grown = realloc(pools, n * sizeof *grown);
+        if (!grown) {                   /* (an event less for reuse: nothing is lost) */
+            r_event_destroy(d.e);
+            return;
+        }
+        memset(grown + n_pools, 0, (n - n_pools) * sizeof *grown);
+        pools = grown;
+        n_pools = n;
+    }
+    struct event_pool *p = &pools[d.dev];
+    make_room((void **)&p->ev, &p->cap, p->n, sizeof *p->ev, "CUDA events kept for reuse");
+    p->ev[p->n++] = d.e;
+}
+
+/* An event of `stream`'s device recorded on it; {NULL} when none could be (*err says why). */
+static struct dev_event record_on(cudaStream_t stream, cudaError_t *err)
+{
+    struct dev_event d = {NULL, device_of(stream)};
+    if (d.dev >= 0 && (size_t)d.dev < n_pools && pools[d.dev].n > 0)
+        d.e = pools[d.dev].ev[--pools[d.dev].n];
+    else
+        d.e = event_create_on(d.dev, err);
+    if (d.e && (*err = r_event_record(d.e, stream)) != cudaSuccess) {
+        r_event_destroy(d.e);           /* (not reused: it may not be of the device it was thought to be) */
+        d.e = NULL;
+    }
+    return d;
 }
 
 /* ---- collectives in flight (under mu) ----------------------------------------------- */
 
-struct coll { uint64_t seq, t_ns; cudaEvent_t ev; };
+struct coll { uint64_t seq, t_ns; struct dev_event ev; };   /* ev.e NULL: not watched */
 static struct coll *colls;
 static size_t coll_head, coll_tail, cap_colls;  /* ring: [tail, head) unfinished, oldest first; grows */
 static uint64_t seq_issued, seq_done;          /* seq_done: every collective <= it has completed */
@@ -141,7 +201,7 @@ static void poll_colls(void)
 {
     while (coll_tail != coll_head) {
         struct coll *c = &colls[coll_tail % cap_colls];
-        cudaError_t e = c->ev ? r_event_query(c->ev) : cudaSuccess;
+        cudaError_t e = c->ev.e ? r_event_query(c->ev.e) : cudaSuccess;
         if (e == cudaErrorNotReady)
             break;
         if (e != cudaSuccess && W->device_error == 0)
@@ -344,20 +404,18 @@ void watch_comm_added(ncclComm_t c)
 
 /* ---- minibatch markers (under mu) --------------------------------------------------- */
 
-/* An event on every stream: from the pool (ev), or for a stream of another device one made on that device
- * (own; destroyed when done, the pool's are the current device's).  Both grow.  `unmarked`: a stream on which
- * no event could be recorded (a failing runtime, no cudaStreamGetDevice): this marker cannot say that the
- * device finished its minibatch, so it counts as done only together with the next marker that every stream
- * passed (streams run in order). */
-struct marker { uint64_t index; size_t n, cap, n_own, cap_own; cudaEvent_t *ev, *own; int unmarked; };
+/* An event on every stream (ev; grows).  `unmarked`: a stream on which no event could be recorded (a failing
+ * runtime): this marker cannot say that the device finished its minibatch, so it counts as done only together
+ * with the next marker that every stream passed (streams run in order). */
+struct marker { uint64_t index; size_t n, cap; struct dev_event *ev; int unmarked; };
 static struct marker *markers;
 static size_t mark_head, mark_tail, cap_markers;   /* ring: [tail, head) not yet done; grows */
 
 /* 1 once the newest of events[0, *n) is done (each is released as it is; 0: not yet, or a device error). */
-static int events_done(cudaEvent_t *events, size_t *n, int own)
+static int events_done(struct dev_event *events, size_t *n)
 {
     for (; *n > 0; (*n)--) {
-        cudaError_t e = r_event_query(events[*n - 1]);
+        cudaError_t e = r_event_query(events[*n - 1].e);
         if (e == cudaErrorNotReady)
             return 0;
         if (e != cudaSuccess) {          /* not completed: a device error (the marker never counts as done) */
@@ -365,10 +423,7 @@ static int events_done(cudaEvent_t *events, size_t *n, int own)
                 __atomic_store_n(&W->device_error, (int32_t)e, __ATOMIC_SEQ_CST);
             return 0;
         }
-        if (own)
-            r_event_destroy(events[*n - 1]);
-        else
-            event_put(events[*n - 1]);
+        event_put(events[*n - 1]);
     }
     return 1;
 }
@@ -377,7 +432,7 @@ static void poll_markers(void)
 {
     while (mark_tail != mark_head) {
         struct marker *m = &markers[mark_tail % cap_markers];
-        if (!events_done(m->ev, &m->n, 0) || !events_done(m->own, &m->n_own, 1))
+        if (!events_done(m->ev, &m->n))
             return;
         if (!m->unmarked)               /* (done_marker covers every earlier marker, unmarked ones included) */
             __atomic_store_n(&W->done_marker, m->index + 1, __ATOMIC_SEQ_CST);
@@ -387,60 +442,23 @@ static void poll_markers(void)
 
 struct mark_arg { struct marker *m; };
 
-/* An event made on `stream`'s device and recorded on it (NULL when the runtime cannot); the current device is
- * the same after.  (For a stream of another device; or of this one when the pool's event was made while the
- * program had another device current.) */
-static cudaEvent_t event_on_device_of(cudaStream_t stream)
-{
-    int device = -1, current = -1;
-    if (!r_stream_device || !r_get_device || !r_set_device || !r_event_destroy ||
-        r_stream_device(stream, &device) != cudaSuccess || r_get_device(&current) != cudaSuccess ||
-        r_set_device(device) != cudaSuccess)
-        return NULL;
-    cudaEvent_t e = NULL;
-    if (r_event_create(&e, cudaEventDisableTiming) != cudaSuccess)
-        e = NULL;
-    else if (r_event_record(e, stream) != cudaSuccess) {
-        r_event_destroy(e);
-        e = NULL;
-    }
-    cudaError_t back = r_set_device(current);
-    if (back != cudaSuccess) {          /* the program's next calls would run on another device: stop them */
-        plog("cannot make device %d current again after marking a stream of device %d (error %d)", current, device,
-             (int)back);
-        if (W->device_error == 0)
-            __atomic_store_n(&W->device_error, (int32_t)back, __ATOMIC_SEQ_CST);
-    }
-    return e;
-}
-
 static void mark_stream(uint64_t vid, void *real, void *arg)
 {
     struct marker *m = ((struct mark_arg *)arg)->m;
     make_room((void **)&m->ev, &m->cap, m->n, sizeof *m->ev, "streams a minibatch marker waits for");
-    cudaEvent_t e = event_get();
-    cudaError_t err = e ? r_event_record(e, (cudaStream_t)real) : cudaErrorMemoryAllocation;
-    if (err == cudaSuccess) {
-        m->ev[m->n++] = e;
+    cudaError_t err = cudaSuccess;
+    struct dev_event d = record_on((cudaStream_t)real, &err);
+    if (d.e) {
+        m->ev[m->n++] = d;
         return;
-    }
-    event_put(e);
-    if (err == cudaErrorInvalidResourceHandle && real) {  /* a stream of another device: an event of its own */
-        cudaEvent_t own = event_on_device_of((cudaStream_t)real);
-        if (own) {
-            make_room((void **)&m->own, &m->cap_own, m->n_own, sizeof *m->own, "other devices' streams a minibatch "
-                      "marker waits for");
-            m->own[m->n_own++] = own;
-            return;
-        }
     }
     m->unmarked = 1;
     static int said;
     if (!said && (said = 1))
-        plog("minibatch %llu: no event could be recorded on stream %#llx (%s, error %d): a minibatch counts as done "
-             "on the device only at a later marker that every stream passed (the call log keeps more; it is "
-             "trimmed there, or recovery turns off at its size limit); said once", (unsigned long long)m->index,
-             (unsigned long long)vid, e ? "cudaEventRecord failed" : "no event", (int)err);
+        plog("minibatch %llu: no event could be recorded on stream %#llx (error %d): a minibatch counts as done on "
+             "the device only at a later marker that every stream passed (the call log keeps more; it is trimmed "
+             "there, or recovery turns off at its size limit); said once", (unsigned long long)m->index,
+             (unsigned long long)vid, (int)err);
 }
 
 void watch_mark(uint64_t index)
@@ -453,7 +471,7 @@ void watch_mark(uint64_t index)
         grow_ring((void **)&markers, &cap_markers, &mark_tail, &mark_head, sizeof *markers, "minibatch markers");
     struct marker *m = &markers[mark_head % cap_markers];
     m->index = index;
-    m->n = m->n_own = 0;
+    m->n = 0;
     m->unmarked = 0;
     cudaError_t before = r_peek_error ? r_peek_error() : cudaSuccess;
     struct mark_arg a = {m};
@@ -479,19 +497,20 @@ void watch_mark(uint64_t index)
 static void join_stream(uint64_t vid, void *real, void *arg)
 {
     (void)vid;
-    cudaEvent_t e = event_get();
-    if (!e || r_event_record(e, (cudaStream_t)real) != cudaSuccess || r_stream_wait(NULL, e, 0) != cudaSuccess)
+    cudaError_t err = cudaSuccess;
+    struct dev_event d = record_on((cudaStream_t)real, &err);
+    if (!d.e || r_stream_wait(NULL, d.e, 0) != cudaSuccess)
         *(int *)arg = 1;
-    event_put(e);
+    event_put(d);
 }
 
-struct wait_arg { cudaEvent_t e; int failed; };
+struct wait_arg { struct dev_event d; int failed; };
 
 static void wait_for(uint64_t vid, void *real, void *arg)
 {
     (void)vid;
     struct wait_arg *a = arg;
-    if (r_stream_wait((cudaStream_t)real, a->e, 0) != cudaSuccess)
+    if (r_stream_wait((cudaStream_t)real, a->d.e, 0) != cudaSuccess)
         a->failed = 1;
 }
 
@@ -542,12 +561,13 @@ int watch_rewind_save(uint64_t dst, uint64_t stamp, uint64_t value, uint32_t n, 
     } else if (err == cudaSuccess) {
         err = cudaErrorMemoryAllocation;
     }
-    struct wait_arg a = {event_get(), 0};
-    if (!a.e || r_event_record(a.e, NULL) != cudaSuccess)
+    cudaError_t mark_err = cudaSuccess;
+    struct wait_arg a = {record_on(NULL, &mark_err), 0};
+    if (!a.d.e)
         a.failed = 1;
     else
         vh_each(VH_STREAM, wait_for, &a);
-    event_put(a.e);
+    event_put(a.d);
     pthread_mutex_unlock(&mu);
     if (err != cudaSuccess || unordered || a.failed)   /* (work after the copies may have overtaken them) */
         rewind_failed(err);
@@ -632,7 +652,7 @@ int watch_handle(int kind, uint64_t vid)
         int ready = seq_done >= need;
         /* Sleep until the collective this record needs completes (an abort ends it too):
          * its own event, kept from recycling while this thread waits on it. */
-        cudaEvent_t e = NULL;
+        struct dev_event e = {NULL, -1};
         for (size_t i = coll_tail; !ready && i != coll_head; i++)
             if (colls[i % cap_colls].seq == need)
                 e = colls[i % cap_colls].ev;
@@ -640,14 +660,14 @@ int watch_handle(int kind, uint64_t vid)
         pthread_mutex_unlock(&mu);
         if (ready && !aborting())
             return 0;
-        if (e && r_event_sync) {
-            r_event_sync(e);
+        if (e.e && r_event_sync) {
+            r_event_sync(e.e);
         } else {
             struct timespec t = {0, 100000L};
             nanosleep(&t, NULL);
         }
         pthread_mutex_lock(&mu);
-        held_event = NULL;
+        held_event = (struct dev_event){NULL, -1};
         if (held_event_done) {
             held_event_done = 0;
             event_put(e);
@@ -664,7 +684,6 @@ static void record_collective(uint64_t stream_vid)
     if (vh_lookup(VH_STREAM, stream_vid, &real) != 0)
         return;
     cudaError_t before = r_peek_error ? r_peek_error() : cudaSuccess;
-    int unwatched = 0;
     pthread_mutex_lock(&mu);
     if (coll_head - coll_tail == cap_colls)
         poll_colls();
@@ -673,15 +692,10 @@ static void record_collective(uint64_t stream_vid)
     {
         /* The collective's completion is watched through this event; without one it counts as complete at
          * once.  A lost device (a sticky error) runs nothing more, and its error makes the worker recover.
-         * Otherwise it is said: a stream of another device (ncclCommInitAll's communicators: recovery refuses
-         * several communicators anyway), or no event to be had (work after it is not held back). */
-        cudaEvent_t e = npool > 0 ? pool[--npool] : NULL;
-        cudaError_t err = e ? cudaSuccess : r_event_create(&e, cudaEventDisableTiming);
-        if (err == cudaSuccess && (err = r_event_record(e, (cudaStream_t)real)) != cudaSuccess)
-            event_put(e);
-        if (err != cudaSuccess) {
-            e = NULL;
-            unwatched = 1;
+         * Otherwise it is said (no event to be had: work after it is not held back). */
+        cudaError_t err = cudaSuccess;
+        struct dev_event e = record_on((cudaStream_t)real, &err);
+        if (!e.e) {
             if (jitckpt_sticky_cuda_error((int)err)) {
                 if (W->device_error == 0)
                     __atomic_store_n(&W->device_error, (int32_t)err, __ATOMIC_SEQ_CST);
@@ -699,8 +713,8 @@ static void record_collective(uint64_t stream_vid)
         d->need = seq;
     }
     pthread_mutex_unlock(&mu);
-    if (unwatched && before == cudaSuccess && r_get_error)
-        r_get_error();                  /* a record we could not make is not the program's last error */
+    if (before == cudaSuccess && r_get_error)
+        r_get_error();                  /* what our own calls failed at is not the program's last error */
 }
 
 void watch_after(unsigned fn, int32_t ret)
@@ -807,9 +821,7 @@ void watch_clear(void)
         struct marker *m = &markers[mark_tail % cap_markers];
         for (size_t i = 0; i < m->n; i++)
             event_put(m->ev[i]);
-        for (size_t i = 0; i < m->n_own; i++)
-            r_event_destroy(m->own[i]);
-        m->n = m->n_own = 0;
+        m->n = 0;
     }
     __atomic_store_n(&seq_done, seq_issued, __ATOMIC_SEQ_CST);
     stream_deps.n = event_deps.n = 0;
@@ -880,7 +892,8 @@ int watch_start(struct jitckpt_wire *w)
     r_get_error = (__typeof__(r_get_error))proxy_sym(cudart, "cudaGetLastError");
     r_comm_async = nccl ? (__typeof__(r_comm_async))proxy_sym(nccl, "ncclCommGetAsyncError") : NULL;
     r_comm_abort = nccl ? (__typeof__(r_comm_abort))proxy_sym(nccl, "ncclCommAbort") : NULL;
-    if (!r_event_create || !r_event_record || !r_event_query) {
+    held_event.dev = -1;
+    if (!r_event_create || !r_event_record || !r_event_query || !r_event_destroy) {
         plog("the CUDA runtime lacks event functions: collectives are not watched (no recovery)");
         return -1;
     }
