@@ -214,6 +214,7 @@ int32_t dispatch_alloc(unsigned fn, struct rdisp *d)
             ndeferred = 0;              /* the reset dropped that memory: freeing it later would free what is
                                            placed there next */
             devmem_after_reset();
+            watch_device_reset();       /* (its events, the proxy's watch events among them, are gone too) */
         }
         return err;
     }

@@ -71,5 +71,6 @@ void rd_put_new_handle(struct rdisp *d, int kind, void *real);
 void rd_put_string(struct rdisp *d, const char *s);
 
 void watch_comm_added(ncclComm_t c);                 /* watch.c: a communicator to watch (restore.c's rebuild) */
+void watch_device_reset(void);                       /* watch.c: cudaDeviceReset destroyed the current device's events */
 
 #endif

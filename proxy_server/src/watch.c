@@ -146,6 +146,12 @@ static cudaEvent_t event_create_on(int dev, cudaError_t *err)
     return e;
 }
 
+static void event_destroy(cudaEvent_t e)
+{
+    if (r_event_destroy)                /* (every runtime has it; without it an event is left, not freed) */
+        r_event_destroy(e);
+}
+
 static void event_put(struct dev_event d)
 {
     if (!d.e)
@@ -155,14 +161,14 @@ static void event_put(struct dev_event d)
         return;
     }
     if (d.dev < 0) {                    /* (which pool it belongs to is not known) */
-        r_event_destroy(d.e);
+        event_destroy(d.e);
         return;
     }
     if ((size_t)d.dev >= n_pools) {
         size_t n = (size_t)d.dev + 1;
         struct event_pool *grown = realloc(pools, n * sizeof *grown);
         if (!grown) {                   /* (an event less for reuse: nothing is lost) */
-            r_event_destroy(d.e);
+            event_destroy(d.e);
             return;
         }
         memset(grown + n_pools, 0, (n - n_pools) * sizeof *grown);
@@ -183,7 +189,7 @@ static struct dev_event record_on(cudaStream_t stream, cudaError_t *err)
     else
         d.e = event_create_on(d.dev, err);
     if (d.e && (*err = r_event_record(d.e, stream)) != cudaSuccess) {
-        r_event_destroy(d.e);           /* (not reused: it may not be of the device it was thought to be) */
+        event_destroy(d.e);           /* (not reused: it may not be of the device it was thought to be) */
         d.e = NULL;
     }
     return d;
@@ -570,7 +576,7 @@ int watch_rewind_save(uint64_t dst, uint64_t stamp, uint64_t value, uint32_t n, 
     event_put(a.d);
     pthread_mutex_unlock(&mu);
     if (err != cudaSuccess || unordered || a.failed)   /* (work after the copies may have overtaken them) */
-        rewind_failed(err);
+        rewind_failed(err != cudaSuccess ? err : mark_err);
     if (before == cudaSuccess && r_get_error)
         r_get_error();                  /* our failures are not the program's last error */
     return 0;
@@ -834,6 +840,31 @@ void watch_clear(void)
     pthread_mutex_unlock(&mu);
 }
 
+/* cudaDeviceReset succeeded (alloc.c): it destroyed every event of the current device, the proxy's among
+ * them.  Their handles are forgotten, not destroyed (a dead handle may equal an event the program makes next,
+ * and recording a marker on that would change the program's event); what they watched counts as done. */
+void watch_device_reset(void)
+{
+    int dev = -1;
+    if (!r_get_device || r_get_device(&dev) != cudaSuccess)
+        return;
+    pthread_mutex_lock(&mu);
+    if ((size_t)dev < n_pools)
+        pools[dev].n = 0;
+    for (size_t i = coll_tail; i != coll_head; i++)
+        if (colls[i % cap_colls].ev.dev == dev)
+            colls[i % cap_colls].ev.e = NULL;
+    for (size_t i = mark_tail; i != mark_head; i++) {
+        struct marker *m = &markers[i % cap_markers];
+        size_t kept = 0;
+        for (size_t j = 0; j < m->n; j++)
+            if (m->ev[j].dev != dev)
+                m->ev[kept++] = m->ev[j];
+        m->n = kept;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 /* The done_marker a recovery continues from (the worker's log says which minibatch that is). */
 void watch_set_done_marker(uint64_t v)
 {
@@ -893,7 +924,7 @@ int watch_start(struct jitckpt_wire *w)
     r_comm_async = nccl ? (__typeof__(r_comm_async))proxy_sym(nccl, "ncclCommGetAsyncError") : NULL;
     r_comm_abort = nccl ? (__typeof__(r_comm_abort))proxy_sym(nccl, "ncclCommAbort") : NULL;
     held_event.dev = -1;
-    if (!r_event_create || !r_event_record || !r_event_query || !r_event_destroy) {
+    if (!r_event_create || !r_event_record || !r_event_query) {
         plog("the CUDA runtime lacks event functions: collectives are not watched (no recovery)");
         return -1;
     }
