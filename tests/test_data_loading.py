@@ -18,6 +18,7 @@ workers' generators restart from the seed.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -233,6 +234,91 @@ def test_random_numbers_drawn_between_fetch_and_forward_repeat(tmp_path, loader_
     assert result.sha == loader_reference[key], result.output[-4000:]
 
 
+def test_a_script_that_does_not_skip_to_its_position_is_stopped_not_reported_a_success(tmp_path, loader_reference):
+    """A plain DataLoader script that, on resume, starts the epoch's iterator afresh instead of skipping to its
+    saved position (``--no-skip``).  Before, the job reported ``completed`` and ended with other parameters than
+    the fault-free run: the redone minibatch and every one after it trained on other batches.  Each rank now
+    compares the batches its redone minibatch took with those the failed run took (digests in its stash and the
+    checkpoint), before it contributes to the minibatch: the job stops with the reason; with
+    --allow-inexact-resume it goes on and the report says "not bit-exact" (and the parameters do differ)."""
+    extra = ["--workers", "0"]
+    key = ("noise", *extra)
+    if key not in loader_reference:
+        loader_reference[key] = reference_sha(NPROC, extra, NOISE_SCRIPT)
+    args = [*extra, "--no-skip", "--die", "1:4"]
+    stopped = run_jit(tmp_path / "ckpt", nproc=NPROC, args=args, script=NOISE_SCRIPT)
+    assert stopped.returncode == 77, (stopped.returncode, stopped.output[-4000:])
+    assert "final parameters sha256" not in stopped.output, stopped.output[-4000:]
+    refusals = re.findall(r"rank (\d)'s data loader #0 did not yield again 1 of the 1 batch\(es\) minibatch 4 took",
+                          stopped.output)
+    assert sorted(set(refusals)) == ["0", "1", "2"], stopped.output[-4000:]
+    assert stopped.report is not None and stopped.report["outcome"] == "stopped", stopped.report
+    assert any("did not yield again" in why for why in stopped.report["stopped_because"]), stopped.report
+
+    allowed = run_jit(tmp_path / "ckpt-allowed", nproc=NPROC, args=args, script=NOISE_SCRIPT,
+                      jit_options=["--allow-inexact-resume"])
+    assert allowed.returncode == 0, allowed.output[-4000:]
+    assert allowed.report["outcome"] == "completed, not bit-exact", allowed.report
+    assert allowed.sha is not None and allowed.sha != loader_reference[key], allowed.output[-4000:]
+
+
+def test_notes_of_taken_batches_tell_batches_apart_and_decode_to_numbers_only():
+    """The digest of a batch: equal batches agree, a batch with another sample or other augmentation differs,
+    objects with an address in their repr do not make equal batches differ; the stored notes decode to
+    numbers only, and anything else (a pickle, a torn file) is refused."""
+    import pickle
+
+    import numpy as np
+
+    from jitckpt.worker import data_position as dp
+
+    batch = (torch.arange(8.0).reshape(2, 4), torch.ones(2), {"path": "a.png", "n": 3})
+    same = (batch[0].clone(), batch[1].clone(), {"path": "a.png", "n": 3})
+    assert dp.digest(batch) == dp.digest(same)
+    assert dp.digest(batch) != dp.digest((batch[0] + 1e-6, batch[1], batch[2]))
+    assert dp.digest(batch) != dp.digest((batch[0], batch[1], {"path": "b.png", "n": 3}))
+    assert dp.digest([object()]) == dp.digest([object()])
+    assert dp.digest({"x": np.zeros(3)}) != dp.digest({"x": np.ones(3)})
+    big = torch.zeros(1 << 20)
+    other = big.clone()
+    other[-1] = 1.0  # (the last bytes are read: a batch whose last sample differs)
+    assert dp.digest(big) != dp.digest(other)
+    entries = [(0, b"12345678"), (dp.NO_NUMBER, b"abcdefgh")]
+    assert dp.decode(dp.encode(entries)) == entries
+    for bad in (pickle.dumps(entries), dp.encode(entries)[:-3], b"", dp.MAGIC + b"\0" * 12 * (dp.MAX_ENTRIES + 1)):
+        with pytest.raises(dp.DataPositionError):
+            dp.decode(bad)
+
+
+def test_the_redone_minibatch_is_compared_at_its_first_collective_after_a_batch():
+    """A collective before any batch was taken since the resume (DDP's broadcast as it wraps the model, a
+    barrier after loading) does not end the comparison; the first one after a batch does, before this rank
+    contributes to it; a loader that yielded nothing since the resume is not compared; a match goes on."""
+    import types
+
+    from jitckpt.worker import data_position as dp
+
+    class Iterator:
+        def __init__(self, number: int) -> None:
+            self._jitckpt_position_number = number
+
+    def redo(expected: list, taken: list, at_optimizer_step: bool = False) -> list[str]:
+        rt = types.SimpleNamespace(step=5, resumed_from=5, rank=0, stash_rank_state=lambda *args: None)
+        batches, refusals = dp.TakenBatches(rt), []
+        batches.arm([(n, dp.digest(b)) for n, b in expected], refusals.append)
+        batches.minibatch_committed(collective=True)  # a barrier after loading
+        for number, batch in taken:
+            batches.yielded(Iterator(number), batch)
+        batches.minibatch_committed(collective=not at_optimizer_step)
+        return refusals
+
+    assert len(redo([(0, [4, 5])], [(0, [0, 1])])) == 1  # the epoch restarted: refused
+    assert len(redo([(0, [4, 5])], [(0, [0, 1])], at_optimizer_step=True)) == 1  # (no collective: at the step)
+    assert redo([(0, [4, 5])], [(0, [0, 1]), (0, [2, 3]), (0, [4, 5])]) == []  # skipped there by iterating
+    assert redo([(1, ["eval"]), (0, [4, 5])], [(0, [4, 5])]) == []  # the evaluation loader is not run again
+    assert "data loader #1 did not yield again" in redo([(0, [4, 5]), (1, [7])], [(0, [4, 5]), (1, [8])])[0]
+
+
 def test_the_jit_checkpoint_carries_every_local_ranks_own_loader_state(tmp_path):
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, args=["--die", "1:5:kill", "--epochs", "1"], script=SCRIPT)
     assert result.returncode == 0, result.output[-4000:]
@@ -264,18 +350,21 @@ def test_safe_codec_refuses_foreign_or_damaged_payloads(payload):
         safe_codec.decode(payload)
 
 
-def test_a_planted_loader_state_is_refused_and_never_run(tmp_path):
-    """Every replica's loader-state file replaced by a pickle that runs code, the metadata checksums updated to
-    match: the resume stops with an error naming the file, and the planted code never runs."""
+@pytest.mark.parametrize("prefix, refusal", [("jitckpt-loader/", "the data-loader state stored for rank"),
+                                             ("jitckpt-fetch/", "the notes of taken batches stored for rank")],
+                         ids=["loader-state", "notes-of-taken-batches"])
+def test_a_planted_loader_state_is_refused_and_never_run(tmp_path, prefix, refusal):
+    """Every replica's loader-state file (or notes of the batches taken) replaced by a pickle that runs code,
+    the metadata checksums updated to match: the resume stops with an error naming the file, and the planted
+    code never runs."""
     ckpt = tmp_path / "ckpt"
     saved = run_jit(ckpt, nproc=NPROC, max_restarts=0, args=["--die", "1:5:kill", "--epochs", "1"], script=SCRIPT)
     assert saved.returncode != 0 and (ckpt / "step-00000005").is_dir(), saved.output[-3000:]
     marker = tmp_path / "planted-code-ran"
-    planted = plant_code(ckpt / "step-00000005", "jitckpt-loader/", marker)
+    planted = plant_code(ckpt / "step-00000005", prefix, marker)
     assert planted >= NPROC
     second = run_jit(ckpt, nproc=NPROC, max_restarts=0, args=["--epochs", "1"], script=SCRIPT)
     assert not marker.exists(), "code planted in a checkpoint ran on resume"
     assert second.returncode != 0
-    assert "the data-loader state stored for rank" in second.output and "is unusable" in second.output, \
-        second.output[-4000:]
+    assert refusal in second.output and "unusable" in second.output, second.output[-4000:]
 

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from jitckpt import config
 from jitckpt.jit_event import JitReason
-from jitckpt.worker import ddp_layout, fsdp_layout, resume, sharding, skipped_steps
+from jitckpt.worker import data_position, ddp_layout, fsdp_layout, resume, sharding, skipped_steps
 from jitckpt.worker.runtime import JitRuntime
 from jitckpt.worker.save import in_jit_save
 
@@ -803,18 +803,32 @@ def _looks_distributed(exc: BaseException) -> bool:
 
 
 def _watch_batch_fetches(runtime: JitRuntime) -> None:
-    """Tell the runtime each time a DataLoader iterator has drawn its next index (where a redone minibatch's RNG goes back).
+    """Tell the runtime each time a DataLoader iterator draws its next index, and each batch it yields.
 
     ``_next_index`` is where every iterator (single- and multi-process, and
     torchdata's subclasses) takes the next batch's indices from its sampler,
-    right before it fetches the batch (or hands the indices to a worker).
-    One attribute test per batch while nothing is pending.
+    right before it fetches the batch (or hands the indices to a worker):
+    where a redone minibatch's RNG goes back.  ``__next__`` yields the batch:
+    the batches each minibatch took are noted there
+    (``jitckpt.worker.data_position``; each loader numbered at its creation,
+    its iterators carrying the number).
     """
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
 
     original = _BaseDataLoaderIter._next_index
     if getattr(original, "_jitckpt_wrapped", False):
         return
+    loader_init, iter_init = DataLoader.__init__, _BaseDataLoaderIter.__init__
+
+    @functools.wraps(loader_init)
+    def loader_init_numbered(self: Any, *args: Any, **kwargs: Any) -> None:
+        data_position.number_loader(self)
+        loader_init(self, *args, **kwargs)
+
+    @functools.wraps(iter_init)
+    def iter_init_numbered(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        iter_init(self, loader, *args, **kwargs)
+        self._jitckpt_position_number = getattr(loader, "_jitckpt_position_number", None)
 
     @functools.wraps(original)
     def _next_index(self: Any) -> Any:
@@ -823,8 +837,19 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
             runtime.batch_fetch_starts()
         return index
 
+    next_batch = _BaseDataLoaderIter.__next__
+
+    @functools.wraps(next_batch)
+    def __next__(self: Any) -> Any:
+        batch = next_batch(self)
+        runtime.taken_batches.yielded(self, batch)
+        return batch
+
     _next_index._jitckpt_wrapped = True  # type: ignore[attr-defined]
+    DataLoader.__init__ = loader_init_numbered
+    _BaseDataLoaderIter.__init__ = iter_init_numbered
     _BaseDataLoaderIter._next_index = _next_index
+    _BaseDataLoaderIter.__next__ = __next__
 
 
 def _install_excepthook(runtime: JitRuntime) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from jitckpt import config, eventlog
 from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, safe_codec, select
 from jitckpt.store.disk import check_private
-from jitckpt.worker import ddp_layout, rng_state, sharding, stash
+from jitckpt.worker import data_position, ddp_layout, rng_state, sharding, stash
 from jitckpt.worker.console import log
 from jitckpt.worker.step_agreement import agreed_selection, overruled_to_fresh_start
 
@@ -95,6 +95,9 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
                 f"loaded from it. Check who can write to {rt.checkpoint_root}"
             ) from None
         rt.own_state[stash.LOADER] = loader_state  # jitckpt.adapters.torchdata_loader hands it to the loaders
+    # the batches this rank took in the redone minibatch: it must take them again (jitckpt.worker.data_position)
+    data_position.arm_check(rt, find_own_state(rt, info, stash.FETCH), str(info.path),
+                            lambda reason: inexact_resume(rt, reason))
     eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path),
                     rng_restored=payload is not None, loader_state=loader_state is not None)
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 from jitckpt import config, eventlog, faults
 from jitckpt.jit_event import JitReason
 from jitckpt.store import CheckpointInfo, DiskStore, ParallelCoordinates
-from jitckpt.worker import minibatch, module_buffers, rng_state, save, sharding, shutdown, stash
+from jitckpt.worker import data_position, minibatch, module_buffers, rng_state, save, sharding, shutdown, stash
 from jitckpt.worker.console import log, short_error
 
 SaveFunction = Callable[[str], Any]
@@ -72,6 +72,8 @@ class JitRuntime:
         # stash_next_minibatch's other callers), after the RNG state: per-rank state of other
         # kinds (the data loaders' positions, jitckpt.adapters.torchdata_loader) is stashed there too.
         self.next_minibatch_hooks: list[Callable[[], None]] = []
+        # The batches each minibatch took from DataLoaders; after a resume, the check of the redone one.
+        self.taken_batches = data_position.TakenBatches(self)
 
         self.save_fn: SaveFunction | None = None
         self.buffer_snapshots = module_buffers.BufferSnapshots()
@@ -174,6 +176,7 @@ class JitRuntime:
         pre-step to the last post-step, and no state inside it that has
         applied part of the update is ever saved.
         """
+        self.taken_batches.minibatch_committed(collective=False)
         self.wait_for_gradient_collectives()
         if self.pending_rng is not None:
             self.minibatch_starts()
@@ -294,6 +297,7 @@ class JitRuntime:
         replaces; the state at the start of minibatch ``step`` itself is
         never touched.
         """
+        self.taken_batches.minibatch_committed(collective=True)  # (before this rank contributes to the minibatch)
         if self.pending_rng is not None:
             self.minibatch_starts()
         self.optimizer_phase.collective_issued()

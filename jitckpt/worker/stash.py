@@ -1,7 +1,7 @@
 """Per-rank state in host shared memory that outlives the rank: the two-slot step stash.
 
 A rank's own state for a minibatch (its RNG, its data loaders' positions and
-seeds) is not its replicas' state, and a rank that dies cannot save it.  So
+seeds, the batches it drew) is not its replicas' state, and a rank that dies cannot save it.  So
 each rank writes it, every minibatch, into a file of its own under the job's
 ``/dev/shm`` directory; a healthy rank on the same host copies every local
 rank's entry for the saved minibatch into its JIT checkpoint
@@ -31,10 +31,12 @@ _HEADER = struct.Struct("<QqII")
 
 RNG = "rng"
 LOADER = "loader"
+FETCH = "fetch"
 # kind -> (slot size, the folder of a rank checkpoint its entries are copied to, file suffix)
 KINDS = {
     RNG: (1 << 16, "jitckpt-rng", ".bin"),
     LOADER: (1 << 22, "jitckpt-loader", ".bin"),
+    FETCH: (1 << 13, "jitckpt-fetch", ".bin"),  # the batches each minibatch drew (jitckpt.worker.data_position)
 }
 
 

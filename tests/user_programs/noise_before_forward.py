@@ -7,7 +7,9 @@ shuffled ``DistributedSampler``; each step adds input noise with
 denoising models their corruption); dropout; per-rank seeds.  On resume the
 script skips to its position by iterating the loader, as many scripts do.
 ``--die RANK:STEP`` SIGKILLs that rank right after it fetched the batch of
-minibatch STEP, in attempt 0.  Prints ``final parameters sha256 <hex>`` on
+minibatch STEP, in attempt 0.  ``--no-skip``: on resume the script starts the
+epoch's iterator afresh without skipping to its position (a common mistake:
+it then trains on other batches than the fault-free run).  Prints ``final parameters sha256 <hex>`` on
 rank 0.
 """
 
@@ -46,6 +48,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--die", default="")
+    p.add_argument("--no-skip", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -77,7 +80,7 @@ def main() -> None:
     for epoch in range(progress["step"] // per_epoch, args.epochs):
         sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
-            if epoch * per_epoch + i < progress["step"]:
+            if epoch * per_epoch + i < progress["step"] and not args.no_skip:
                 continue  # skip to where the checkpoint is
             if attempt == 0 and rank == die_rank and progress["step"] == die_step:
                 os.kill(os.getpid(), signal.SIGKILL)
