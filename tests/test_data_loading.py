@@ -249,11 +249,11 @@ def test_a_script_that_does_not_skip_to_its_position_is_stopped_not_reported_a_s
     stopped = run_jit(tmp_path / "ckpt", nproc=NPROC, args=args, script=NOISE_SCRIPT)
     assert stopped.returncode == 77, (stopped.returncode, stopped.output[-4000:])
     assert "final parameters sha256" not in stopped.output, stopped.output[-4000:]
-    refusals = re.findall(r"rank (\d)'s data loader #0 did not yield again 1 of the 1 batch\(es\) minibatch 4 took",
+    refusals = re.findall(r"rank (\d)'s data loader took none of the 1 batch\(es\) that minibatch 4 took from it",
                           stopped.output)
     assert sorted(set(refusals)) == ["0", "1", "2"], stopped.output[-4000:]
     assert stopped.report is not None and stopped.report["outcome"] == "stopped", stopped.report
-    assert any("did not yield again" in why for why in stopped.report["stopped_because"]), stopped.report
+    assert any("took none of the" in why for why in stopped.report["stopped_because"]), stopped.report
 
     allowed = run_jit(tmp_path / "ckpt-allowed", nproc=NPROC, args=args, script=NOISE_SCRIPT,
                       jit_options=["--allow-inexact-resume"])
@@ -283,6 +283,13 @@ def test_notes_of_taken_batches_tell_batches_apart_and_decode_to_numbers_only():
     other = big.clone()
     other[-1] = 1.0  # (the last bytes are read: a batch whose last sample differs)
     assert dp.digest(big) != dp.digest(other)
+    assert dp.digest({"a": 1, "b": 2}) == dp.digest({"b": 2, "a": 1})  # (a dict built from a set)
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)], layout=torch.jagged)
+    assert dp.digest([nested]) == dp.digest([torch.nested.nested_tensor([torch.ones(2), torch.ones(3)],
+                                                                       layout=torch.jagged)])  # (types only)
+    channels_last = torch.randn(4, 3, 8, 8).to(memory_format=torch.channels_last)
+    assert dp.digest(channels_last) == dp.digest(channels_last.clone())
+    assert dp.digest(channels_last) != dp.digest(torch.cat([channels_last[:3], channels_last[:1]]))
     entries = [(0, b"12345678"), (dp.NO_NUMBER, b"abcdefgh")]
     assert dp.decode(dp.encode(entries)) == entries
     for bad in (pickle.dumps(entries), dp.encode(entries)[:-3], b"", dp.MAGIC + b"\0" * 12 * (dp.MAX_ENTRIES + 1)):
@@ -290,33 +297,82 @@ def test_notes_of_taken_batches_tell_batches_apart_and_decode_to_numbers_only():
             dp.decode(bad)
 
 
-def test_the_redone_minibatch_is_compared_at_its_first_collective_after_a_batch():
-    """A collective before any batch was taken since the resume (DDP's broadcast as it wraps the model, a
-    barrier after loading) does not end the comparison; the first one after a batch does, before this rank
-    contributes to it; a loader that yielded nothing since the resume is not compared; a match goes on."""
+class _Iterator:
+    def __init__(self, key: int) -> None:
+        self._jitckpt_loader_key = key
+
+
+def _redo(expected: list, events: list) -> list[str]:
+    """Refusals of a redone minibatch 5 that failed with ``expected`` (key, batch) taken, given ``events``:
+    ("batch", key, batch), "barrier" (a collective), "forward" (a module's forward), "step" (optimizer step)."""
     import types
 
     from jitckpt.worker import data_position as dp
 
-    class Iterator:
-        def __init__(self, number: int) -> None:
-            self._jitckpt_position_number = number
+    rt = types.SimpleNamespace(step=5, resumed_from=5, rank=0, stash_rank_state=lambda *args: None)
+    batches, refusals = dp.TakenBatches(rt), []
+    batches.arm([(key, dp.digest(batch)) for key, batch in expected], refusals.append)
+    try:
+        for event in events:
+            if event[0] == "batch":
+                batches.yielded(_Iterator(event[1]), event[2])
+            elif event == "forward":
+                torch.nn.Identity()(torch.zeros(1))
+            else:
+                batches.minibatch_committed(collective=event == "barrier")
+    finally:
+        batches._forward_starts()  # (the one-shot hook, if it has not fired)
+    return refusals
 
-    def redo(expected: list, taken: list, at_optimizer_step: bool = False) -> list[str]:
-        rt = types.SimpleNamespace(step=5, resumed_from=5, rank=0, stash_rank_state=lambda *args: None)
-        batches, refusals = dp.TakenBatches(rt), []
-        batches.arm([(n, dp.digest(b)) for n, b in expected], refusals.append)
-        batches.minibatch_committed(collective=True)  # a barrier after loading
-        for number, batch in taken:
-            batches.yielded(Iterator(number), batch)
-        batches.minibatch_committed(collective=not at_optimizer_step)
-        return refusals
 
-    assert len(redo([(0, [4, 5])], [(0, [0, 1])])) == 1  # the epoch restarted: refused
-    assert len(redo([(0, [4, 5])], [(0, [0, 1])], at_optimizer_step=True)) == 1  # (no collective: at the step)
-    assert redo([(0, [4, 5])], [(0, [0, 1]), (0, [2, 3]), (0, [4, 5])]) == []  # skipped there by iterating
-    assert redo([(1, ["eval"]), (0, [4, 5])], [(0, [4, 5])]) == []  # the evaluation loader is not run again
-    assert "data loader #1 did not yield again" in redo([(0, [4, 5]), (1, [7])], [(0, [4, 5]), (1, [8])])[0]
+def test_the_redone_minibatch_is_compared_before_it_contributes_what_comes_from_the_data():
+    """The comparison ends at the redone minibatch's first collective after a module's forward began (not at a
+    barrier after loading or between skipping and the real batch), or at its optimizer step; it refuses when
+    a loader took none of the failed run's batches, and not for a skip by iterating, a loader that took
+    nothing since the resume (evaluation), or a minibatch that took only some of its micro-batches again
+    before its first collective."""
+    b = [[i, i + 1] for i in range(0, 20, 2)]
+    assert len(_redo([(0, b[2])], ["barrier", ("batch", 0, b[0]), "forward", "barrier"])) == 1  # the epoch restarted
+    assert len(_redo([(0, b[2])], [("batch", 0, b[0]), "step"])) == 1  # (no module: at the optimizer step)
+    skip = [("batch", 0, b[0]), ("batch", 0, b[1])]
+    assert _redo([(0, b[2])], ["barrier", *skip, "barrier", ("batch", 0, b[2]), "forward", "barrier"]) == []
+    assert _redo([(1, ["eval"]), (0, b[2])], [("batch", 0, b[2]), "forward", "barrier"]) == []
+    assert _redo([(0, b[2]), (0, b[3])], [("batch", 0, b[2]), "forward", "barrier"]) == []  # 2 micro-batches
+    assert "took none of the 1 batch(es) that minibatch 5 took" in _redo(
+        [(0, b[2]), (1, ["aux", 1])], [("batch", 0, b[2]), ("batch", 1, ["aux", 2]), "forward", "step"])[0]
+
+
+def test_a_minibatch_notes_its_batches_until_its_first_collective_after_one():
+    """The failed run's side: a collective before the minibatch's first batch (a logging all-reduce) leaves its
+    notes open; the first one after a batch ends them; the notes are in the stash under the minibatch."""
+    import types
+
+    from jitckpt.worker import data_position as dp
+
+    written = {}
+    rt = types.SimpleNamespace(step=3, resumed_from=None, rank=0,
+                               stash_rank_state=lambda kind, step, payload: written.update({step: payload}))
+    batches = dp.TakenBatches(rt)
+    batches.minibatch_committed(collective=True)  # logging all-reduce of the last loss
+    batches.yielded(_Iterator(7), [1, 2])
+    batches.minibatch_committed(collective=True)  # the gradient all-reduce
+    batches.yielded(_Iterator(7), [3, 4])  # (taken after it: the next minibatch's batch, not noted here)
+    assert dp.decode(written[3]) == [(7, dp.digest([1, 2]))]
+    rt.step = 4
+    batches.yielded(_Iterator(7), [3, 4])
+    assert dp.decode(written[4]) == [(7, dp.digest([3, 4]))]
+
+
+def test_a_loader_made_anew_over_the_same_dataset_keeps_its_key():
+    """Keys are the dataset's class and length: a loader made per epoch or to skip batches (accelerate's
+    ``skip_first_batches``) is compared with the one the failed run used; another dataset is another loader."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from jitckpt.worker import data_position as dp
+
+    train = TensorDataset(torch.zeros(12, 2))
+    assert dp.loader_key(DataLoader(train, batch_size=4)) == dp.loader_key(DataLoader(train, batch_size=2, shuffle=True))
+    assert dp.loader_key(DataLoader(train)) != dp.loader_key(DataLoader(TensorDataset(torch.zeros(6, 2))))
 
 
 def test_the_jit_checkpoint_carries_every_local_ranks_own_loader_state(tmp_path):

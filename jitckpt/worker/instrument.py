@@ -810,25 +810,20 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
     right before it fetches the batch (or hands the indices to a worker):
     where a redone minibatch's RNG goes back.  ``__next__`` yields the batch:
     the batches each minibatch took are noted there
-    (``jitckpt.worker.data_position``; each loader numbered at its creation,
-    its iterators carrying the number).
+    (``jitckpt.worker.data_position``; each iterator carries its loader's
+    key, set when it is made).
     """
-    from torch.utils.data.dataloader import DataLoader, _BaseDataLoaderIter
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     original = _BaseDataLoaderIter._next_index
     if getattr(original, "_jitckpt_wrapped", False):
         return
-    loader_init, iter_init = DataLoader.__init__, _BaseDataLoaderIter.__init__
-
-    @functools.wraps(loader_init)
-    def loader_init_numbered(self: Any, *args: Any, **kwargs: Any) -> None:
-        data_position.number_loader(self)
-        loader_init(self, *args, **kwargs)
+    iter_init = _BaseDataLoaderIter.__init__
 
     @functools.wraps(iter_init)
-    def iter_init_numbered(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+    def iter_init_keyed(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
         iter_init(self, loader, *args, **kwargs)
-        self._jitckpt_position_number = getattr(loader, "_jitckpt_position_number", None)
+        self._jitckpt_loader_key = data_position.loader_key(loader)
 
     @functools.wraps(original)
     def _next_index(self: Any) -> Any:
@@ -846,8 +841,7 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
         return batch
 
     _next_index._jitckpt_wrapped = True  # type: ignore[attr-defined]
-    DataLoader.__init__ = loader_init_numbered
-    _BaseDataLoaderIter.__init__ = iter_init_numbered
+    _BaseDataLoaderIter.__init__ = iter_init_keyed
     _BaseDataLoaderIter._next_index = _next_index
     _BaseDataLoaderIter.__next__ = __next__
 
