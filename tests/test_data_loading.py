@@ -290,7 +290,7 @@ def test_notes_of_taken_batches_tell_batches_apart_and_decode_to_numbers_only():
     channels_last = torch.randn(4, 3, 8, 8).to(memory_format=torch.channels_last)
     assert dp.digest(channels_last) == dp.digest(channels_last.clone())
     assert dp.digest(channels_last) != dp.digest(torch.cat([channels_last[:3], channels_last[:1]]))
-    entries = [(0, b"12345678"), (dp.NO_NUMBER, b"abcdefgh")]
+    entries = [(0, b"12345678"), (dp.NO_KEY, b"abcdefgh")]
     assert dp.decode(dp.encode(entries)) == entries
     for bad in (pickle.dumps(entries), dp.encode(entries)[:-3], b"", dp.MAGIC + b"\0" * 12 * (dp.MAX_ENTRIES + 1)):
         with pytest.raises(dp.DataPositionError):

@@ -61,31 +61,32 @@ if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
 MAGIC = b"JITBATCH1\0"
-_ENTRY = struct.Struct("<I8s")  # loader key (NO_NUMBER: none), digest of the batch
-NO_NUMBER = 0xFFFFFFFF
+_ENTRY = struct.Struct("<I8s")  # loader key (NO_KEY: none), digest of the batch
+NO_KEY = 0xFFFFFFFF
 MAX_ENTRIES = 256  # per minibatch; later batches of the same minibatch are not noted (the check uses those it has)
+
 
 class DataPositionError(ValueError):
     """Stored notes of taken batches not in jitckpt's format (corrupt, truncated or foreign)."""
 
 
 def loader_key(loader: Any) -> int:
-    """A loader's key: its dataset's class and length (NO_NUMBER if it has no dataset)."""
+    """A loader's key: its dataset's class and length (NO_KEY if it has no dataset)."""
     dataset = getattr(loader, "dataset", None)
     if dataset is None:
-        return NO_NUMBER
+        return NO_KEY
     try:
         length = len(dataset)
     except Exception:  # (an iterable dataset, or one whose length fails)
         length = -1
     kind = type(dataset)
-    return xxhash.xxh32(f"{kind.__module__}.{kind.__qualname__}:{length}".encode()).intdigest() % NO_NUMBER
+    return xxhash.xxh32(f"{kind.__module__}.{kind.__qualname__}:{length}".encode()).intdigest() % NO_KEY
 
 
 def key_of(iterator: Any) -> int:
     """The key of the loader an iterator belongs to (set when the iterator was made)."""
     key = getattr(iterator, "_jitckpt_loader_key", None)
-    return NO_NUMBER if key is None else int(key)
+    return NO_KEY if key is None else int(key)
 
 
 _ENDS = 4 << 10  # bytes read from each end of a tensor or array
@@ -191,7 +192,7 @@ def _uint8() -> Any:
 
 
 def encode(entries: list[tuple[int, bytes]]) -> bytes:
-    return MAGIC + b"".join(_ENTRY.pack(number, d) for number, d in entries)
+    return MAGIC + b"".join(_ENTRY.pack(key, d) for key, d in entries)
 
 
 def decode(payload: bytes) -> list[tuple[int, bytes]]:
