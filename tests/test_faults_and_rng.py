@@ -233,3 +233,57 @@ def test_module_buffers_rewind_to_the_start_of_the_minibatch():
     assert snapshots.rewind(1)
     for key, value in model.state_dict().items():
         assert torch.equal(value, start[key]), key
+
+
+_OWN_GENERATORS = r'''
+import random, struct, tempfile
+import numpy, torch
+from jitckpt.worker import private_rng, rng_state
+
+assert private_rng.install() == [], "torch.Generator cannot be tracked by this torch"
+tempfile.NamedTemporaryFile().close()                 # the standard library's own Random: not tracked
+def make():                                           # two torch generators made at one place: told apart by rank
+    return torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)
+g1, g2 = make()
+r = random.Random(3)
+n = numpy.random.default_rng(4)
+transient = torch.Generator()                         # dies before the capture: not in it
+del transient
+names = [(kind, name, rank) for kind, name, rank, _ in private_rng._registry.live()]
+assert [n[0] for n in names] == [1, 1, 2, 3], names
+assert names[0][1] == names[1][1] and (names[0][2], names[1][2]) == (0, 1), names
+assert not any("tempfile" in n[1] for n in names), names
+state = rng_state.capture()
+draws = lambda: (torch.rand(2, generator=g1).tolist(), torch.rand(2, generator=g2).tolist(), r.random(), n.random())
+expected = draws()
+draws(); draws()
+rng_state.restore(state)
+assert draws() == expected, "the script's own generators did not come back"
+
+# untrusted input: a malformed record of them is refused as a whole, numbers only
+records = rng_state.decode(state)
+private = records[rng_state.PRIVATE][0]
+head = state[:len(state) - len(private) - 5]
+for bad in (private[:-3], private + b"x", struct.pack("<H", 1) + bytes([9]) + private[3:]):
+    try:
+        rng_state.restore(head + struct.pack("<BI", rng_state.PRIVATE, len(bad)) + bad)
+    except rng_state.RngStateError as exc:
+        print("refused:", exc)
+    else:
+        raise AssertionError("a malformed record was accepted")
+
+# a generator the failed run had that this process has not made (yet): a warning, the rest put back
+del g2
+rng_state.restore(state)
+assert torch.rand(2, generator=g1).tolist() == expected[0]
+print("ok")
+'''
+
+
+def test_the_scripts_own_generators_are_captured_named_and_put_back():
+    """torch.Generator, random.Random and numpy.random.default_rng objects the script makes ride in the
+    RNG state (jitckpt.worker.private_rng), each named by where it was made; a damaged record is refused."""
+    proc = subprocess.run([sys.executable, "-c", _OWN_GENERATORS], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("refused:") == 3 and proc.stdout.rstrip().endswith("ok"), proc.stdout
+    assert "does not exist when the redone minibatch starts" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -176,3 +176,22 @@ def test_a_script_exiting_with_jitckpts_own_status_is_a_failure_like_any_other(t
     assert f"rank 1: exited with status {code}" in failure["what_failed"], failure
     assert failure["resumed_from_minibatch"] == 7, failure
     assert result.sha == clip_fault_free_sha, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+OWN_GENERATORS = REPO / "tests" / "user_programs" / "own_generators.py"
+
+
+@pytest.mark.parametrize("die, saves_them", [("1:6:kill", False), ("2:5:stop", True)], ids=["kill", "stop-saving-them"])
+def test_a_script_drawing_from_generators_of_its_own_resumes_bit_exact(tmp_path, die, saves_them):
+    """Noise from a torch.Generator, jitter from a random.Random, masks from numpy's default_rng and a layer
+    with a generator of its own: the redone minibatch draws what the fault-free run drew.  Before, the job
+    reported `completed` with other parameters, also when the script saved and loaded the generators itself
+    (its save() sees their state in the middle of the failed minibatch)."""
+    expected = reference_sha(nproc=3, args=[], script=OWN_GENERATORS)
+    extra = ["--save-generators"] if saves_them else []
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=OWN_GENERATORS, args=["--die", die, *extra])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["minibatches_redone"] == 1, failure
+    assert "does not exist when the redone minibatch starts" not in result.output, result.output[-4000:]
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]

@@ -43,9 +43,9 @@ import sys
 import threading
 from typing import Any, Callable
 
-from jitckpt import config
+from jitckpt import config, eventlog
 from jitckpt.jit_event import JitReason
-from jitckpt.worker import data_position, ddp_layout, fsdp_layout, resume, sharding, skipped_steps
+from jitckpt.worker import data_position, ddp_layout, fsdp_layout, private_rng, resume, sharding, skipped_steps
 from jitckpt.worker.runtime import JitRuntime
 from jitckpt.worker.save import in_jit_save
 
@@ -137,6 +137,8 @@ def install(runtime: JitRuntime) -> None:
     ddp_layout.install(lambda: resume.locate(runtime))
     _install_excepthook(runtime)
     _watch_batch_fetches(runtime)
+    for kind in private_rng.install():  # the script's own generators ride with the global ones (rng_state)
+        eventlog.record("private_rng_untracked", kind=kind)
     if runtime.injector.phases & {"forward", "backward"}:
         _install_fault_hooks(runtime)
 

@@ -21,6 +21,9 @@ yield numbers or a ``RngStateError``, never run code.
     kind 2  Python random: version:i32 words[625]:u32 has_gauss:u8 gauss:f64
     kind 3  NumPy MT19937: key[624]:u32 pos:i32 has_gauss:u8 gauss:f64
     kind 4  one CUDA device's generator state, in device order
+    kind 5  the script's own generators (``torch.Generator``, ``random.Random``,
+            ``numpy.random.default_rng``), named by where they were made
+            (``jitckpt.worker.private_rng``)
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jitckpt.worker import stash
+from jitckpt.worker import private_rng, stash
 
 _MT19937_STATE_BYTES = 624 * 4 + 4  # uint32 key[624]; int pos
 
 MAGIC = b"JITRNG1\0"
 _RECORD = struct.Struct("<BI")
-TORCH_CPU, PYTHON, NUMPY, TORCH_CUDA = 1, 2, 3, 4
+TORCH_CPU, PYTHON, NUMPY, TORCH_CUDA, PRIVATE = 1, 2, 3, 4, 5
 _PYTHON_TAIL = struct.Struct("<Bd")
 _NUMPY_TAIL = struct.Struct("<iBd")
 _PYTHON_SIZE = 4 + 625 * 4 + _PYTHON_TAIL.size
@@ -122,6 +125,9 @@ def capture() -> bytes:
         parts.append(_encoded_numpy_random(numpy))
     if torch.cuda.is_initialized():  # (cheap; implies CUDA is available)
         parts += [_record(TORCH_CUDA, s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+    private = private_rng.capture()
+    if private is not None:
+        parts.append(_record(PRIVATE, private))
     return b"".join(parts)
 
 
@@ -141,10 +147,15 @@ def decode(payload: bytes) -> dict[int, list[bytes]]:
         if len(data) != length:
             raise RngStateError("truncated RNG state")
         expected = {PYTHON: _PYTHON_SIZE, NUMPY: _NUMPY_SIZE}.get(kind)
-        if kind not in (TORCH_CPU, PYTHON, NUMPY, TORCH_CUDA) or (expected is not None and length != expected):
+        if kind not in (TORCH_CPU, PYTHON, NUMPY, TORCH_CUDA, PRIVATE) or (expected is not None and length != expected):
             raise RngStateError(f"unknown or malformed RNG record (kind {kind}, {length} bytes)")
         if kind != TORCH_CUDA and kind in records:
             raise RngStateError(f"duplicate RNG record (kind {kind})")
+        if kind == PRIVATE:
+            try:
+                private_rng.decode(data)
+            except private_rng.PrivateRngError as exc:
+                raise RngStateError(f"malformed record of the script's own generators: {exc}") from None
         records.setdefault(kind, []).append(data)
     if TORCH_CPU not in records or PYTHON not in records:
         raise RngStateError("RNG state lacks the torch CPU or Python record")
@@ -179,6 +190,11 @@ def restore(payload: bytes) -> None:
         import numpy
 
         numpy.random.set_state(numpy_state)
+    if PRIVATE in records:
+        try:
+            private_rng.restore(records[PRIVATE][0])
+        except private_rng.PrivateRngError as exc:
+            raise RngStateError(str(exc)) from None
 
 
 def stash_path(shm_dir: str | os.PathLike, rank: int) -> Path:

@@ -34,7 +34,7 @@ LOADER = "loader"
 FETCH = "fetch"
 # kind -> (slot size, the folder of a rank checkpoint its entries are copied to, file suffix)
 KINDS = {
-    RNG: (1 << 16, "jitckpt-rng", ".bin"),
+    RNG: (1 << 18, "jitckpt-rng", ".bin"),  # (the script's own generators too: private_rng)
     LOADER: (1 << 22, "jitckpt-loader", ".bin"),
     FETCH: (1 << 13, "jitckpt-fetch", ".bin"),  # the batches each minibatch drew (jitckpt.worker.data_position)
 }

@@ -1,0 +1,348 @@
+"""The script's own random-number generators: captured with the global ones, put back when the redone minibatch starts.
+
+A script often draws from generators of its own rather than the global ones:
+``g = torch.Generator().manual_seed(seed + rank)`` for input noise or
+masking, ``random.Random(seed)`` or ``numpy.random.default_rng(seed)`` for
+augmentation.  Their state is part of "where minibatch i starts" as much as
+the global generators', and the script cannot save it correctly itself: its
+``save()`` runs when the failure is detected, in the middle of minibatch i,
+after that minibatch has drawn from them, while the parameters it saves are
+those minibatch i starts with.  A resume that loaded such a state (or none,
+starting the generator from its seed again) redid minibatch i with other
+random numbers and ended with other parameters, reported as a success.
+
+So jit-run tracks the generators a process creates, from its arming on:
+
+- ``torch.Generator(...)`` made from Python (torch 2.13's generator type has a
+  Python metaclass, whose ``__call__`` is wrapped; generators torch makes in
+  C++, such as the default ones, are captured by ``rng_state`` itself);
+- ``random.Random(...)`` and its subclasses (not ``SystemRandom``: it has no
+  state), through ``random.Random.__init__``;
+- ``numpy.random.default_rng(...)`` (through the module's attribute; a
+  ``Generator`` or ``RandomState`` constructed directly is not seen).
+
+Generators made by the standard library (``tempfile``'s name generator) are
+left out.  Each generator is named by where it was created (file name, line
+and function of the first frame outside jitckpt and the generator's own
+library) and its rank among the live generators made there, in creation
+order; a deterministic script makes the same generators at the same places
+when it runs again, so the name finds the same generator in the resumed
+process.  Their states ride in ``rng_state``'s payload as one record (kind
+5), captured whenever the global states are and put back with them when the
+redone minibatch starts, over whatever state the script loaded.  A captured
+generator that the resumed process has not made by then (made lazily,
+inside the minibatch) cannot be put back: one warning names it.
+
+Encoding (numbers and names only; a payload is untrusted input)::
+
+    record  := count:u16 entry*
+    entry   := kind:u8 name_len:u16 name[name_len] rank:u16 state_len:u32 state[state_len]
+    kind 1  torch.Generator: its device type in the name, the state torch's get_state() gives
+    kind 2  random.Random: version:i32 words[625]:u32 has_gauss:u8 gauss:f64 (as rng_state's)
+    kind 3  numpy.random.Generator: its bit generator's ``state``, safe_codec-encoded
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import sys
+import sysconfig
+import threading
+import weakref
+from typing import Any, Callable, Iterator
+
+TORCH, PYTHON, NUMPY = 1, 2, 3
+MAX_TRACKED = 32  # live generators captured per process (a torch one is ~5 KB of the 256 KiB stash slot)
+_COUNT = struct.Struct("<H")
+_ENTRY_HEAD = struct.Struct("<BH")
+_ENTRY_MID = struct.Struct("<HI")
+_PY_TAIL = struct.Struct("<Bd")
+_PY_SIZE = 4 + 625 * 4 + _PY_TAIL.size
+
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # jitckpt/
+_STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+
+
+class PrivateRngError(ValueError):
+    """A private-generator record that is not in this format."""
+
+
+class _Tracked:
+    """One tracked generator: a weak reference (or, for NumPy's, a strong one dropped once nothing else holds it)."""
+
+    __slots__ = ("kind", "name", "ref", "strong")
+
+    def __init__(self, kind: int, name: str, obj: Any) -> None:
+        self.kind, self.name = kind, name
+        try:
+            self.ref, self.strong = weakref.ref(obj), None
+        except TypeError:  # NumPy's Generator takes no weak references
+            self.ref, self.strong = None, obj
+
+    def get(self) -> Any:
+        if self.ref is not None:
+            return self.ref()
+        # live while someone besides this entry (and getrefcount's argument) holds it
+        if self.strong is not None and sys.getrefcount(self.strong) <= 2:
+            self.strong = None
+        return self.strong
+
+
+class _Registry:
+    """Every tracked generator of this process, in creation order."""
+
+    def __init__(self) -> None:
+        self.entries: list[_Tracked] = []
+        self.lock = threading.Lock()
+        self.warned: set[str] = set()
+
+    def add(self, kind: int, obj: Any) -> None:
+        name = _creation_site()
+        if name is None:
+            return
+        if kind == TORCH:
+            name = f"{name} [{obj.device.type}]"
+        with self.lock:
+            self.entries.append(_Tracked(kind, name, obj))
+            if len(self.entries) > 4 * MAX_TRACKED:  # prune the dead now and then
+                self.entries = [e for e in self.entries if e.get() is not None]
+
+    def live(self) -> Iterator[tuple[int, str, int, Any]]:
+        """(kind, name, rank among the live ones of that name, generator), in creation order."""
+        with self.lock:
+            entries = list(self.entries)
+        ranks: dict[tuple[int, str], int] = {}
+        for entry in entries:
+            obj = entry.get()
+            if obj is None:
+                continue
+            key = (entry.kind, entry.name)
+            ranks[key] = ranks.get(key, -1) + 1
+            yield entry.kind, entry.name, ranks[key], obj
+
+
+_registry = _Registry()
+_installed = False
+
+
+def _creation_site() -> str | None:
+    """``file:line:function`` of the code that made the generator, or None if the standard library did."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(_OWN_DIR) and not _is_generator_library(filename):
+            if filename.startswith(_STDLIB) and "site-packages" not in filename and "dist-packages" not in filename:
+                return None
+            return f"{os.path.basename(filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return None
+
+
+def _is_generator_library(filename: str) -> bool:
+    return filename == _RANDOM_FILE or f"{os.sep}numpy{os.sep}random{os.sep}" in filename \
+        or filename.endswith(f"{os.sep}torch{os.sep}_opaque_base.py")
+
+
+_RANDOM_FILE = os.path.abspath(random.__file__)
+
+
+# ----- tracking ------------------------------------------------------------------------
+
+
+def install() -> list[str]:
+    """Start tracking the generators made from now on; returns the kinds that cannot be tracked (and why)."""
+    global _installed
+    if _installed:
+        return []
+    _installed = True
+    missing = []
+    if not _track_torch():
+        missing.append("torch.Generator (this torch's generator type has no Python metaclass)")
+    _track_python_random()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        _track_numpy(numpy)
+    else:
+        from jitckpt.worker import importhook
+
+        importhook.install({"numpy": _track_numpy})
+    return missing
+
+
+def _track_torch() -> bool:
+    import torch
+
+    generator_type = torch._C.Generator
+    meta = type(generator_type)
+    if meta is type or getattr(meta, "_jitckpt_tracks_generators", False):
+        return meta is not type
+    original = meta.__dict__.get("__call__")
+
+    def __call__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        obj = original(cls, *args, **kwargs) if original is not None else type.__call__(cls, *args, **kwargs)
+        if isinstance(obj, generator_type):
+            _registry.add(TORCH, obj)
+        return obj
+
+    meta.__call__ = __call__
+    meta._jitckpt_tracks_generators = True
+    return True
+
+
+def _track_python_random() -> None:
+    original = random.Random.__init__
+    if getattr(original, "_jitckpt_wrapped", False):
+        return
+
+    def __init__(self: random.Random, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if not isinstance(self, random.SystemRandom):
+            _registry.add(PYTHON, self)
+
+    __init__._jitckpt_wrapped = True  # type: ignore[attr-defined]
+    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    random.Random.__init__ = __init__  # type: ignore[method-assign]
+
+
+def _track_numpy(numpy: Any) -> None:
+    module = numpy.random
+    original: Callable[..., Any] = module.default_rng
+    if getattr(original, "_jitckpt_wrapped", False):
+        return
+
+    def default_rng(*args: Any, **kwargs: Any) -> Any:
+        generator = original(*args, **kwargs)
+        if not any(obj is generator for kind, _, _, obj in _registry.live() if kind == NUMPY):
+            _registry.add(NUMPY, generator)
+        return generator
+
+    default_rng._jitckpt_wrapped = True  # type: ignore[attr-defined]
+    default_rng.__wrapped__ = original  # type: ignore[attr-defined]
+    default_rng.__doc__ = original.__doc__
+    module.default_rng = default_rng
+
+
+# ----- capture and restore ---------------------------------------------------------------
+
+
+def capture() -> bytes | None:
+    """The tracked generators' states as one record's data, or None if there are none."""
+    entries = []
+    for kind, name, rank, obj in _registry.live():
+        if len(entries) == MAX_TRACKED:
+            _warn_once("too-many", f"more than {MAX_TRACKED} generators of the script's own are alive; "
+                                   f"only the first {MAX_TRACKED} are captured")
+            break
+        try:
+            state = _state_of(kind, obj)
+        except Exception as exc:  # never break the training loop over one generator
+            _warn_once(name, f"cannot capture the state of the generator made at {name} ({type(exc).__name__}: {exc})")
+            continue
+        encoded_name = name.encode()[:0xFFFF]
+        entries.append(_ENTRY_HEAD.pack(kind, len(encoded_name)) + encoded_name + _ENTRY_MID.pack(rank, len(state)) + state)
+    if not entries:
+        return None
+    return _COUNT.pack(len(entries)) + b"".join(entries)
+
+
+def _state_of(kind: int, obj: Any) -> bytes:
+    if kind == TORCH:
+        return obj.get_state().numpy().tobytes()
+    if kind == PYTHON:
+        version, words, gauss = obj.getstate()
+        return (struct.pack("<i", version) + struct.pack("<625I", *words)
+                + _PY_TAIL.pack(gauss is not None, 0.0 if gauss is None else gauss))
+    from jitckpt.store import safe_codec
+
+    return safe_codec.encode(_plain(obj.bit_generator.state))
+
+
+def _plain(value: Any) -> Any:
+    """NumPy's state dict with its arrays as ``{"ndarray": (dtype, shape, bytes)}``."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value).__name__ == "ndarray":
+        return {"ndarray": (str(value.dtype), list(value.shape), value.tobytes())}
+    return value
+
+
+def _unplain(value: Any) -> Any:
+    import numpy
+
+    if isinstance(value, dict):
+        if set(value) == {"ndarray"}:
+            dtype, shape, data = value["ndarray"]
+            if not isinstance(dtype, str) or dtype not in ("uint32", "uint64", "int64") or not isinstance(data, bytes):
+                raise PrivateRngError(f"unexpected array in a NumPy generator state ({dtype!r})")
+            return numpy.frombuffer(data, dtype=dtype).reshape(shape).copy()
+        return {k: _unplain(v) for k, v in value.items()}
+    return value
+
+
+def decode(data: bytes) -> list[tuple[int, str, int, bytes]]:
+    """The entries of a record: (kind, name, rank, state); raises PrivateRngError on anything else."""
+    try:
+        (count,) = _COUNT.unpack_from(data, 0)
+        offset, entries = _COUNT.size, []
+        for _ in range(count):
+            kind, name_len = _ENTRY_HEAD.unpack_from(data, offset)
+            offset += _ENTRY_HEAD.size
+            name = data[offset:offset + name_len].decode()
+            offset += name_len
+            rank, state_len = _ENTRY_MID.unpack_from(data, offset)
+            offset += _ENTRY_MID.size
+            state = data[offset:offset + state_len]
+            offset += state_len
+            if len(name) == 0 or len(state) != state_len or kind not in (TORCH, PYTHON, NUMPY) \
+                    or (kind == PYTHON and state_len != _PY_SIZE):
+                raise PrivateRngError(f"malformed entry (kind {kind}, {state_len} bytes)")
+            entries.append((kind, name, rank, state))
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise PrivateRngError(f"truncated or malformed record ({exc})") from None
+    if offset != len(data):
+        raise PrivateRngError("trailing bytes after the last entry")
+    return entries
+
+
+def restore(data: bytes) -> None:
+    """Put the states of ``data`` (a capture()) back into the live generators of the same names."""
+    live = {(kind, name, rank): obj for kind, name, rank, obj in _registry.live()}
+    for kind, name, rank, state in decode(data):
+        obj = live.get((kind, name, rank))
+        if obj is None:
+            _warn_once(f"absent:{name}:{rank}",
+                       f"the failed run's generator made at {name} (#{rank + 1} there) does not exist when the "
+                       f"redone minibatch starts, so its state cannot be put back: if the script draws from it, "
+                       f"the redone minibatch's random numbers differ")
+            continue
+        try:
+            _set_state(kind, obj, state)
+        except Exception as exc:  # a foreign or damaged state: refuse loudly, as for the global ones
+            raise PrivateRngError(f"state of the generator made at {name} rejected: {exc}") from None
+
+
+def _set_state(kind: int, obj: Any, state: bytes) -> None:
+    if kind == TORCH:
+        import torch
+
+        obj.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    elif kind == PYTHON:
+        version = struct.unpack_from("<i", state)[0]
+        words = struct.unpack_from("<625I", state, 4)
+        has_gauss, gauss = _PY_TAIL.unpack_from(state, 4 + 625 * 4)
+        obj.setstate((version, words, gauss if has_gauss else None))
+    else:
+        from jitckpt.store import safe_codec
+
+        obj.bit_generator.state = _unplain(safe_codec.decode(state))
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key in _registry.warned:
+        return
+    _registry.warned.add(key)
+    from jitckpt.worker.console import log
+
+    log(f"warning: {message}")
