@@ -276,13 +276,35 @@ for bad in (private[:-3], private + b"x", struct.pack("<H", 1) + bytes([9]) + pr
 del g2
 rng_state.restore(state)
 assert torch.rand(2, generator=g1).tolist() == expected[0]
+
+# a generator made per epoch: the failed run's capture holds the last epoch's, which must not overwrite
+# a new one seeded for the next epoch; one made again with the same seed is the same generator
+def per_epoch(epoch):
+    return torch.Generator().manual_seed(100 + epoch), random.Random(100 + epoch), numpy.random.default_rng(100 + epoch)
+gens = per_epoch(0)
+gens[1].random(), gens[2].random()
+torch.rand(3, generator=gens[0])
+state = rng_state.capture()
+after = [torch.rand(2, generator=gens[0]).tolist(), gens[1].random(), gens[2].random()]
+del gens
+fresh = [torch.rand(2, generator=torch.Generator().manual_seed(101)).tolist(), random.Random(101).random(),
+         numpy.random.default_rng(101).random()]
+gens = per_epoch(1)
+rng_state.restore(state)
+assert [torch.rand(2, generator=gens[0]).tolist(), gens[1].random(), gens[2].random()] == fresh, "a new epoch's generator was overwritten"
+del gens
+gens = per_epoch(0)
+rng_state.restore(state)
+assert [torch.rand(2, generator=gens[0]).tolist(), gens[1].random(), gens[2].random()] == after, \
+    "the same epoch's generator made again was not put back"
 print("ok")
 '''
 
 
 def test_the_scripts_own_generators_are_captured_named_and_put_back():
     """torch.Generator, random.Random and numpy.random.default_rng objects the script makes ride in the
-    RNG state (jitckpt.worker.private_rng), each named by where it was made; a damaged record is refused."""
+    RNG state (jitckpt.worker.private_rng), each named by where it was made, put back only into a generator
+    with the same seed (not over a new epoch's); a damaged record is refused."""
     proc = subprocess.run([sys.executable, "-c", _OWN_GENERATORS], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("refused:") == 3 and proc.stdout.rstrip().endswith("ok"), proc.stdout

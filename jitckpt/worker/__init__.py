@@ -6,7 +6,8 @@
   collectives, DDP's gradient all-reduce, the last-resort excepthook);
 - ``watchdog``: the Python watchdog thread (hang timeouts, SIGTERM);
 - ``save`` and ``resume``: the JIT save and the way back (paper §3.2);
-- ``rng_state``: per-rank RNG capture; ``stash``: the host shared-memory
+- ``rng_state``: per-rank RNG capture (``private_rng``: the script's own
+  generators in it); ``stash``: the host shared-memory
   stash of each rank's own state (RNG, data loaders) per minibatch;
 - ``minibatch``: which optimizers make up a minibatch, and whether its
   optimizer phase has applied anything; ``skipped_steps``: GradScaler's

@@ -21,13 +21,19 @@ So jit-run tracks the generators a process creates, from its arming on:
 - ``numpy.random.default_rng(...)`` (through the module's attribute; a
   ``Generator`` or ``RandomState`` constructed directly is not seen).
 
-Generators made by the standard library (``tempfile``'s name generator) are
-left out.  Each generator is named by where it was created (file name, line
+Generators made by the standard library (``tempfile``'s name generator) or
+by installed packages (torch's ``RandomSampler`` makes one per epoch from the
+global generator, which ``rng_state`` restores) are left out.  Each generator is named by where it was created (file name, line
 and function of the first frame outside jitckpt and the generator's own
 library) and its rank among the live generators made there, in creation
 order; a deterministic script makes the same generators at the same places
 when it runs again, so the name finds the same generator in the resumed
-process.  Their states ride in ``rng_state``'s payload as one record (kind
+process.  Each state also carries a fingerprint of the generator's seed
+(torch's ``initial_seed()``, the value given to ``random.Random.seed``,
+NumPy's seed sequence), and a state is put back only into a generator with
+the same seed: a script that makes a new generator per epoch, seeded from
+the epoch, and fails at an epoch's first minibatch has in its capture the
+previous epoch's generator, which must not overwrite the new one.  Their states ride in ``rng_state``'s payload as one record (kind
 5), captured whenever the global states are and put back with them when the
 redone minibatch starts, over whatever state the script loaded.  A captured
 generator that the resumed process has not made by then (made lazily,
@@ -36,7 +42,7 @@ inside the minibatch) cannot be put back: one warning names it.
 Encoding (numbers and names only; a payload is untrusted input)::
 
     record  := count:u16 entry*
-    entry   := kind:u8 name_len:u16 name[name_len] rank:u16 state_len:u32 state[state_len]
+    entry   := kind:u8 name_len:u16 name[name_len] rank:u16 seed:u64 state_len:u32 state[state_len]
     kind 1  torch.Generator: its device type in the name, the state torch's get_state() gives
     kind 2  random.Random: version:i32 words[625]:u32 has_gauss:u8 gauss:f64 (as rng_state's)
     kind 3  numpy.random.Generator: its bit generator's ``state``, safe_codec-encoded
@@ -44,6 +50,7 @@ Encoding (numbers and names only; a payload is untrusted input)::
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import struct
@@ -57,7 +64,7 @@ TORCH, PYTHON, NUMPY = 1, 2, 3
 MAX_TRACKED = 32  # live generators captured per process (a torch one is ~5 KB of the 256 KiB stash slot)
 _COUNT = struct.Struct("<H")
 _ENTRY_HEAD = struct.Struct("<BH")
-_ENTRY_MID = struct.Struct("<HI")
+_ENTRY_MID = struct.Struct("<HQI")
 _PY_TAIL = struct.Struct("<Bd")
 _PY_SIZE = 4 + 625 * 4 + _PY_TAIL.size
 
@@ -72,10 +79,13 @@ class PrivateRngError(ValueError):
 class _Tracked:
     """One tracked generator: a weak reference (or, for NumPy's, a strong one dropped once nothing else holds it)."""
 
-    __slots__ = ("kind", "name", "ref", "strong")
+    __slots__ = ("kind", "name", "ref", "strong", "last", "encoded", "seed")
 
     def __init__(self, kind: int, name: str, obj: Any) -> None:
         self.kind, self.name = kind, name
+        self.last: Any = None  # the state last encoded (random.Random's and NumPy's: encoding them costs ~20-40 us)
+        self.encoded = b""
+        self.seed: int | None = None  # its seed's fingerprint, taken once (see seed_of)
         try:
             self.ref, self.strong = weakref.ref(obj), None
         except TypeError:  # NumPy's Generator takes no weak references
@@ -111,6 +121,16 @@ class _Registry:
 
     def live(self) -> Iterator[tuple[int, str, int, Any]]:
         """(kind, name, rank among the live ones of that name, generator), in creation order."""
+        for entry, rank, obj in self.live_entries():
+            yield entry.kind, entry.name, rank, obj
+
+    def observe_seeds(self) -> None:
+        """Take the seed fingerprint of every live generator that has none yet."""
+        for entry, _, obj in self.live_entries():
+            seed_of(entry, obj)
+
+    def live_entries(self) -> Iterator[tuple[_Tracked, int, Any]]:
+        """(entry, rank among the live ones of its name, generator), in creation order."""
         with self.lock:
             entries = list(self.entries)
         ranks: dict[tuple[int, str], int] = {}
@@ -120,7 +140,7 @@ class _Registry:
                 continue
             key = (entry.kind, entry.name)
             ranks[key] = ranks.get(key, -1) + 1
-            yield entry.kind, entry.name, ranks[key], obj
+            yield entry, ranks[key], obj
 
 
 _registry = _Registry()
@@ -133,8 +153,9 @@ def _creation_site() -> str | None:
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
         if not filename.startswith(_OWN_DIR) and not _is_generator_library(filename):
-            if filename.startswith(_STDLIB) and "site-packages" not in filename and "dist-packages" not in filename:
-                return None
+            if filename.startswith(_STDLIB) or f"{os.sep}site-packages{os.sep}" in filename \
+                    or f"{os.sep}dist-packages{os.sep}" in filename:
+                return None  # (the standard library's, an installed package's)
             return f"{os.path.basename(filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
         frame = frame.f_back
     return None
@@ -196,14 +217,26 @@ def _track_python_random() -> None:
     if getattr(original, "_jitckpt_wrapped", False):
         return
 
+    original_seed = random.Random.seed
+
     def __init__(self: random.Random, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         if not isinstance(self, random.SystemRandom):
             _registry.add(PYTHON, self)
 
-    __init__._jitckpt_wrapped = True  # type: ignore[attr-defined]
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
+    def seed(self: random.Random, a: Any = None, *args: Any, **kwargs: Any) -> None:
+        original_seed(self, a, *args, **kwargs)
+        try:
+            self._jitckpt_seed = fingerprint(a)  # type: ignore[attr-defined]
+        except AttributeError:  # (a subclass with __slots__)
+            pass
+
+    for wrapper, wrapped in ((__init__, original), (seed, original_seed)):
+        wrapper._jitckpt_wrapped = True  # type: ignore[attr-defined]
+        wrapper.__wrapped__ = wrapped  # type: ignore[attr-defined]
+        wrapper.__doc__ = wrapped.__doc__
     random.Random.__init__ = __init__  # type: ignore[method-assign]
+    random.Random.seed = seed  # type: ignore[method-assign]
 
 
 def _track_numpy(numpy: Any) -> None:
@@ -230,33 +263,85 @@ def _track_numpy(numpy: Any) -> None:
 def capture() -> bytes | None:
     """The tracked generators' states as one record's data, or None if there are none."""
     entries = []
-    for kind, name, rank, obj in _registry.live():
+    for entry, rank, obj in _registry.live_entries():
+        kind, name = entry.kind, entry.name
+        seed = seed_of(entry, obj)
         if len(entries) == MAX_TRACKED:
             _warn_once("too-many", f"more than {MAX_TRACKED} generators of the script's own are alive; "
                                    f"only the first {MAX_TRACKED} are captured")
             break
         try:
-            state = _state_of(kind, obj)
+            state = _state_of(entry, obj)
         except Exception as exc:  # never break the training loop over one generator
             _warn_once(name, f"cannot capture the state of the generator made at {name} ({type(exc).__name__}: {exc})")
             continue
         encoded_name = name.encode()[:0xFFFF]
-        entries.append(_ENTRY_HEAD.pack(kind, len(encoded_name)) + encoded_name + _ENTRY_MID.pack(rank, len(state)) + state)
+        entries.append(_ENTRY_HEAD.pack(kind, len(encoded_name)) + encoded_name
+                       + _ENTRY_MID.pack(rank, seed, len(state)) + state)
     if not entries:
         return None
     return _COUNT.pack(len(entries)) + b"".join(entries)
 
 
-def _state_of(kind: int, obj: Any) -> bytes:
-    if kind == TORCH:
-        return obj.get_state().numpy().tobytes()
-    if kind == PYTHON:
-        version, words, gauss = obj.getstate()
-        return (struct.pack("<i", version) + struct.pack("<625I", *words)
-                + _PY_TAIL.pack(gauss is not None, 0.0 if gauss is None else gauss))
-    from jitckpt.store import safe_codec
+def fingerprint(seed: Any) -> int:
+    """64 bits that tell seeds apart (of their ``repr``: ints, strings, bytes, tuples of them)."""
+    return int.from_bytes(hashlib.blake2b(repr(seed).encode(), digest_size=8).digest(), "little")
 
-    return safe_codec.encode(_plain(obj.bit_generator.state))
+
+def seed_of(entry: _Tracked, obj: Any) -> int:
+    """The fingerprint of the seed of the generator ``entry`` tracks, taken the first time it is asked for.
+
+    Taken once, because ``torch.Generator.set_state`` also sets the seed that
+    ``initial_seed()`` reports: a resumed rank whose script loads a replica's
+    generator states (its own checkpoint was lost with it) must still be
+    recognised by the seed it made its generator with.  It is asked for at
+    every capture and when the worker resumes (``observe_seeds``, before the
+    script has loaded anything), so a generator made before that keeps the
+    seed it was made with, and one made later the seed it had when first
+    captured or restored.
+    """
+    if entry.seed is None:
+        entry.seed = _current_seed(entry.kind, obj)
+    return entry.seed
+
+
+def observe_seeds() -> None:
+    """Fix the seed fingerprints of the live generators now (the worker resumes; the script loads next)."""
+    _registry.observe_seeds()
+
+
+def _current_seed(kind: int, obj: Any) -> int:
+    try:
+        if kind == TORCH:
+            return int(obj.initial_seed()) & 0xFFFFFFFFFFFFFFFF
+        if kind == PYTHON:
+            return int(getattr(obj, "_jitckpt_seed", 0))
+        seeds = obj.bit_generator.seed_seq
+        return fingerprint((seeds.entropy, tuple(seeds.spawn_key)))
+    except Exception:  # (another NumPy's layout)
+        return 0
+
+
+def _state_of(entry: _Tracked, obj: Any) -> bytes:
+    if entry.kind == TORCH:
+        return obj.get_state().numpy().tobytes()
+    current = obj.getstate() if entry.kind == PYTHON else obj.bit_generator.state
+    try:
+        unchanged = entry.last is not None and bool(current == entry.last)
+    except ValueError:  # (a state holding arrays: MT19937's, Philox's)
+        unchanged = False
+    if unchanged:
+        return entry.encoded
+    if entry.kind == PYTHON:
+        version, words, gauss = current
+        encoded = (struct.pack("<i", version) + struct.pack("<625I", *words)
+                   + _PY_TAIL.pack(gauss is not None, 0.0 if gauss is None else gauss))
+    else:
+        from jitckpt.store import safe_codec
+
+        encoded = safe_codec.encode(_plain(current))
+    entry.last, entry.encoded = current, encoded
+    return encoded
 
 
 def _plain(value: Any) -> Any:
@@ -281,8 +366,8 @@ def _unplain(value: Any) -> Any:
     return value
 
 
-def decode(data: bytes) -> list[tuple[int, str, int, bytes]]:
-    """The entries of a record: (kind, name, rank, state); raises PrivateRngError on anything else."""
+def decode(data: bytes) -> list[tuple[int, str, int, int, bytes]]:
+    """The entries of a record: (kind, name, rank, seed, state); raises PrivateRngError on anything else."""
     try:
         (count,) = _COUNT.unpack_from(data, 0)
         offset, entries = _COUNT.size, []
@@ -291,14 +376,14 @@ def decode(data: bytes) -> list[tuple[int, str, int, bytes]]:
             offset += _ENTRY_HEAD.size
             name = data[offset:offset + name_len].decode()
             offset += name_len
-            rank, state_len = _ENTRY_MID.unpack_from(data, offset)
+            rank, seed, state_len = _ENTRY_MID.unpack_from(data, offset)
             offset += _ENTRY_MID.size
             state = data[offset:offset + state_len]
             offset += state_len
             if len(name) == 0 or len(state) != state_len or kind not in (TORCH, PYTHON, NUMPY) \
                     or (kind == PYTHON and state_len != _PY_SIZE):
                 raise PrivateRngError(f"malformed entry (kind {kind}, {state_len} bytes)")
-            entries.append((kind, name, rank, state))
+            entries.append((kind, name, rank, seed, state))
     except (struct.error, UnicodeDecodeError) as exc:
         raise PrivateRngError(f"truncated or malformed record ({exc})") from None
     if offset != len(data):
@@ -308,9 +393,11 @@ def decode(data: bytes) -> list[tuple[int, str, int, bytes]]:
 
 def restore(data: bytes) -> None:
     """Put the states of ``data`` (a capture()) back into the live generators of the same names."""
-    live = {(kind, name, rank): obj for kind, name, rank, obj in _registry.live()}
-    for kind, name, rank, state in decode(data):
-        obj = live.get((kind, name, rank))
+    live = {(entry.kind, entry.name, rank): (entry, obj) for entry, rank, obj in _registry.live_entries()}
+    for kind, name, rank, seed, state in decode(data):
+        entry, obj = live.get((kind, name, rank), (None, None))
+        if entry is not None and seed_of(entry, obj) != seed:
+            continue  # made anew with another seed (a generator per epoch): what the script made is right
         if obj is None:
             _warn_once(f"absent:{name}:{rank}",
                        f"the failed run's generator made at {name} (#{rank + 1} there) does not exist when the "

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from jitckpt import config, eventlog
 from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, safe_codec, select
 from jitckpt.store.disk import check_private
-from jitckpt.worker import data_position, ddp_layout, rng_state, sharding, stash
+from jitckpt.worker import data_position, ddp_layout, private_rng, rng_state, sharding, stash
 from jitckpt.worker.console import log
 from jitckpt.worker.step_agreement import agreed_selection, overruled_to_fresh_start
 
@@ -66,6 +66,7 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
 def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
     """Adopt a checkpoint's step, and have this rank's own RNG state put back when the redone minibatch starts."""
     rt.checkpoint_for = None  # the script loads it: settled, never selected again
+    private_rng.observe_seeds()  # before the script loads its generators (a replica's, perhaps)
     rt.step = info.step
     rt.resumed_from = info.step
     payload = find_own_state(rt, info, stash.RNG)
