@@ -203,7 +203,7 @@ def _track_torch() -> bool:
 
     def __call__(cls: type, *args: Any, **kwargs: Any) -> Any:
         obj = original(cls, *args, **kwargs) if original is not None else type.__call__(cls, *args, **kwargs)
-        if isinstance(obj, generator_type):
+        if generator_type in cls.__mro__:  # (the metaclass may have other classes: opaque objects)
             _registry.add(TORCH, obj)
         return obj
 
