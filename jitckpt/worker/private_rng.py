@@ -147,6 +147,14 @@ _registry = _Registry()
 _installed = False
 
 
+def _after_fork_in_child() -> None:
+    # (a DataLoader worker forked while another thread held the lock would never get it)
+    _registry.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _creation_site() -> str | None:
     """``file:line:function`` of the code that made the generator, or None if the standard library did."""
     frame: Any = sys._getframe(1)
