@@ -152,9 +152,6 @@ def _after_fork_in_child() -> None:
     _registry.lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 def _creation_site() -> str | None:
     """``file:line:function`` of the code that made the generator, or None if the standard library did."""
     frame: Any = sys._getframe(1)
@@ -186,6 +183,7 @@ def install() -> list[str]:
     if _installed:
         return []
     _installed = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
     missing = []
     if not _track_torch():
         missing.append("torch.Generator (this torch's generator type has no Python metaclass)")
