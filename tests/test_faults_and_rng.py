@@ -275,6 +275,7 @@ for bad in (private[:-3], private + b"x", struct.pack("<H", 1) + bytes([9]) + pr
 # a generator the failed run had that this process has not made (yet): a warning, the rest put back
 del g2
 rng_state.restore(state)
+private_rng.warn_absent()
 assert torch.rand(2, generator=g1).tolist() == expected[0]
 
 # a generator made per epoch: the failed run's capture holds the last epoch's, which must not overwrite

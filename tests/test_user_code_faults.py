@@ -181,14 +181,17 @@ def test_a_script_exiting_with_jitckpts_own_status_is_a_failure_like_any_other(t
 OWN_GENERATORS = REPO / "tests" / "user_programs" / "own_generators.py"
 
 
-@pytest.mark.parametrize("die, saves_them", [("1:6:kill", False), ("2:5:stop", True)], ids=["kill", "stop-saving-them"])
-def test_a_script_drawing_from_generators_of_its_own_resumes_bit_exact(tmp_path, die, saves_them):
+@pytest.mark.parametrize("die, extra", [("1:6:kill", []), ("2:5:stop", ["--save-generators"]),
+                                        ("2:7:stop-before-forward", ["--per-epoch"])],
+                         ids=["kill", "stop-saving-them", "stop-at-an-epochs-first-minibatch"])
+def test_a_script_drawing_from_generators_of_its_own_resumes_bit_exact(tmp_path, die, extra):
     """Noise from a torch.Generator, jitter from a random.Random, masks from numpy's default_rng and a layer
     with a generator of its own: the redone minibatch draws what the fault-free run drew.  Before, the job
     reported `completed` with other parameters, also when the script saved and loaded the generators itself
-    (its save() sees their state in the middle of the failed minibatch)."""
-    expected = reference_sha(nproc=3, args=[], script=OWN_GENERATORS)
-    extra = ["--save-generators"] if saves_them else []
+    (its save() sees their state in the middle of the failed minibatch).  At an epoch's first minibatch, a
+    generator reseeded for the epoch and one made anew get the state they had where that minibatch started,
+    not the previous epoch's (captured when minibatch i-1 ended)."""
+    expected = reference_sha(nproc=3, args=[a for a in extra if a == "--per-epoch"], script=OWN_GENERATORS)
     result = run_jit(tmp_path / "ckpt", nproc=3, script=OWN_GENERATORS, args=["--die", die, *extra])
     assert result.returncode == 0, result.output[-4000:]
     (failure,) = result.report["failures"]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from jitckpt import worker
-from jitckpt.worker import resume, rng_state
+from jitckpt.worker import private_rng, resume, rng_state
 from jitckpt.worker.console import log
 
 if TYPE_CHECKING:
@@ -113,6 +113,7 @@ class MinibatchRng:
         """Put back the state the redone minibatch starts with (once, on a resumed attempt)."""
         if self._resumed_state is not None:
             rng_state.restore(self._resumed_state)
+            private_rng.warn_absent()
             self._resumed_state = None
 
 

@@ -212,11 +212,11 @@ def _write_rng_states(rt: "JitRuntime", path: str, world_size: int) -> None:
             payload = rng_state.read_stash(rng_state.stash_path(rt.shm_dir, rank)).get(rt.step)
             if payload is None:
                 continue
-            rng_state.restore(payload)  # (this thread saves, then the process ends: borrowing the generators is safe)
+            rng_state.restore(payload, own_generators=False)  # (this thread saves, then the process ends: borrowing is safe)
             states = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
             if torch.cuda.is_initialized():  # (as Trainer._save_rng_state stores it)
                 states["cuda"] = torch.cuda.random.get_rng_state_all() if world_size > 1 else torch.cuda.random.get_rng_state()
             name = f"rng_state_{rank}.pth" if world_size > 1 else "rng_state.pth"
             torch.save(states, os.path.join(path, name))
     finally:
-        rng_state.restore(own)
+        rng_state.restore(own, own_generators=False)

@@ -81,13 +81,13 @@ class _Tracked:
 
     __slots__ = ("kind", "name", "ref", "strong", "last", "encoded", "seed")
 
-    def __init__(self, kind: int, name: str, obj: Any) -> None:
+    def __init__(self, kind: int, name: str, obj: Any, on_death: Callable[[Any], None]) -> None:
         self.kind, self.name = kind, name
         self.last: Any = None  # the state last encoded (random.Random's and NumPy's: encoding them costs ~20-40 us)
         self.encoded = b""
         self.seed: int | None = None  # its seed's fingerprint, taken once (see seed_of)
         try:
-            self.ref, self.strong = weakref.ref(obj), None
+            self.ref, self.strong = weakref.ref(obj, on_death), None
         except TypeError:  # NumPy's Generator takes no weak references
             self.ref, self.strong = None, obj
 
@@ -107,17 +107,40 @@ class _Registry:
         self.entries: list[_Tracked] = []
         self.lock = threading.Lock()
         self.warned: set[str] = set()
+        self.absent: list[tuple[str, int]] = []  # (name, rank) the last restore() found no generator for
+        self.dead = 0  # entries whose generator died since the last prune (weak references' callbacks)
+        self.next_prune = 4 * MAX_TRACKED  # (NumPy's entries have no callback: pruned when the list doubles)
+        self.numpy: dict[int, _Tracked] = {}  # id -> entry of the NumPy generators held (default_rng(g) is g)
+
+    def _died(self, _ref: Any) -> None:
+        self.dead += 1
 
     def add(self, kind: int, obj: Any) -> None:
-        name = _creation_site()
-        if name is None:
-            return
-        if kind == TORCH:
-            name = f"{name} [{obj.device.type}]"
-        with self.lock:
-            self.entries.append(_Tracked(kind, name, obj))
-            if len(self.entries) > 4 * MAX_TRACKED:  # prune the dead now and then
-                self.entries = [e for e in self.entries if e.get() is not None]
+        """Track ``obj``; never raises (a generator the script makes must never fail because of jit-run)."""
+        try:
+            name = _creation_site()
+            if name is None:
+                return
+            if kind == TORCH:
+                name = f"{name} [{obj.device.type}]"
+            with self.lock:
+                held = self.numpy.get(id(obj)) if kind == NUMPY else None
+                if held is not None and held.strong is obj:
+                    return
+                entry = _Tracked(kind, name, obj, self._died)
+                self.entries.append(entry)
+                if kind == NUMPY:
+                    self.numpy[id(obj)] = entry
+                if self.dead > len(self.entries) // 2 or len(self.entries) > self.next_prune:
+                    self._prune()
+        except Exception as exc:
+            _warn_once("track", f"cannot track a generator the script made ({type(exc).__name__}: {exc})")
+
+    def _prune(self) -> None:
+        """Drop the entries of dead generators (under the lock): amortised, as many dead ones as live ones."""
+        self.entries = [entry for entry in self.entries if entry.get() is not None]
+        self.numpy = {id(entry.strong): entry for entry in self.entries if entry.kind == NUMPY}
+        self.dead, self.next_prune = 0, max(4 * MAX_TRACKED, 2 * len(self.entries))
 
     def live(self) -> Iterator[tuple[int, str, int, Any]]:
         """(kind, name, rank among the live ones of that name, generator), in creation order."""
@@ -156,12 +179,14 @@ def _creation_site() -> str | None:
     """``file:line:function`` of the code that made the generator, or None if the standard library did."""
     frame: Any = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
+        filename = os.path.normpath(frame.f_code.co_filename)  # (not abspath: no getcwd, which fails if it was removed)
         if not filename.startswith(_OWN_DIR) and not _is_generator_library(filename):
             if filename.startswith(_STDLIB) or f"{os.sep}site-packages{os.sep}" in filename \
                     or f"{os.sep}dist-packages{os.sep}" in filename:
                 return None  # (the standard library's, an installed package's)
-            return f"{os.path.basename(filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
+            name = f"{os.path.basename(filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
+            # (a name that always encodes, whatever bytes the file name had, and fits the record)
+            return name.encode("utf-8", "backslashreplace")[:_MAX_NAME].decode("utf-8", "ignore")
         frame = frame.f_back
     return None
 
@@ -172,6 +197,7 @@ def _is_generator_library(filename: str) -> bool:
 
 
 _RANDOM_FILE = os.path.abspath(random.__file__)
+_MAX_NAME = 1024
 
 
 # ----- tracking ------------------------------------------------------------------------
@@ -234,7 +260,7 @@ def _track_python_random() -> None:
         original_seed(self, a, *args, **kwargs)
         try:
             self._jitckpt_seed = fingerprint(a)  # type: ignore[attr-defined]
-        except AttributeError:  # (a subclass with __slots__)
+        except Exception:  # (a subclass with __slots__, a seed whose repr fails)
             pass
 
     for wrapper, wrapped in ((__init__, original), (seed, original_seed)):
@@ -253,8 +279,7 @@ def _track_numpy(numpy: Any) -> None:
 
     def default_rng(*args: Any, **kwargs: Any) -> Any:
         generator = original(*args, **kwargs)
-        if not any(obj is generator for kind, _, _, obj in _registry.live() if kind == NUMPY):
-            _registry.add(NUMPY, generator)
+        _registry.add(NUMPY, generator)
         return generator
 
     default_rng._jitckpt_wrapped = True  # type: ignore[attr-defined]
@@ -266,8 +291,22 @@ def _track_numpy(numpy: Any) -> None:
 # ----- capture and restore ---------------------------------------------------------------
 
 
+def tracking() -> bool:
+    """Whether any generator of the script's own has been tracked (alive or not yet pruned)."""
+    return bool(_registry.entries)
+
+
 def capture() -> bytes | None:
-    """The tracked generators' states as one record's data, or None if there are none."""
+    """The tracked generators' states as one record's data, or None if there are none; never raises."""
+    try:
+        return _capture()
+    except Exception as exc:  # (called from the training loop and DDP's hook threads)
+        _warn_once("capture", f"cannot capture the generators the script made ({type(exc).__name__}: {exc}); "
+                              f"a resume will not put them back")
+        return None
+
+
+def _capture() -> bytes | None:
     entries = []
     for entry, rank, obj in _registry.live_entries():
         kind, name = entry.kind, entry.name
@@ -281,7 +320,7 @@ def capture() -> bytes | None:
         except Exception as exc:  # never break the training loop over one generator
             _warn_once(name, f"cannot capture the state of the generator made at {name} ({type(exc).__name__}: {exc})")
             continue
-        encoded_name = name.encode()[:0xFFFF]
+        encoded_name = name.encode()  # (safe: _creation_site made it encodable and short)
         entries.append(_ENTRY_HEAD.pack(kind, len(encoded_name)) + encoded_name
                        + _ENTRY_MID.pack(rank, seed, len(state)) + state)
     if not entries:
@@ -364,6 +403,8 @@ def _unplain(value: Any) -> Any:
 
     if isinstance(value, dict):
         if set(value) == {"ndarray"}:
+            if not isinstance(value["ndarray"], tuple) or len(value["ndarray"]) != 3:
+                raise PrivateRngError("malformed array in a NumPy generator state")
             dtype, shape, data = value["ndarray"]
             if not isinstance(dtype, str) or dtype not in ("uint32", "uint64", "int64") or not isinstance(data, bytes):
                 raise PrivateRngError(f"unexpected array in a NumPy generator state ({dtype!r})")
@@ -387,8 +428,11 @@ def decode(data: bytes) -> list[tuple[int, str, int, int, bytes]]:
             state = data[offset:offset + state_len]
             offset += state_len
             if len(name) == 0 or len(state) != state_len or kind not in (TORCH, PYTHON, NUMPY) \
-                    or (kind == PYTHON and state_len != _PY_SIZE):
+                    or (kind == PYTHON and state_len != _PY_SIZE) \
+                    or (kind == TORCH and name.endswith(" [cpu]") and state_len != _cpu_state_size()):
                 raise PrivateRngError(f"malformed entry (kind {kind}, {state_len} bytes)")
+            if kind == NUMPY:
+                _numpy_state(state)  # parsed now, so that a bad one is refused before anything changes
             entries.append((kind, name, rank, seed, state))
     except (struct.error, UnicodeDecodeError) as exc:
         raise PrivateRngError(f"truncated or malformed record ({exc})") from None
@@ -400,20 +444,33 @@ def decode(data: bytes) -> list[tuple[int, str, int, int, bytes]]:
 def restore(data: bytes) -> None:
     """Put the states of ``data`` (a capture()) back into the live generators of the same names."""
     live = {(entry.kind, entry.name, rank): (entry, obj) for entry, rank, obj in _registry.live_entries()}
+    _registry.absent = []
     for kind, name, rank, seed, state in decode(data):
         entry, obj = live.get((kind, name, rank), (None, None))
         if entry is not None and seed_of(entry, obj) != seed:
             continue  # made anew with another seed (a generator per epoch): what the script made is right
         if obj is None:
-            _warn_once(f"absent:{name}:{rank}",
-                       f"the failed run's generator made at {name} (#{rank + 1} there) does not exist when the "
-                       f"redone minibatch starts, so its state cannot be put back: if the script draws from it, "
-                       f"the redone minibatch's random numbers differ")
+            _registry.absent.append((name, rank))
             continue
         try:
             _set_state(kind, obj, state)
         except Exception as exc:  # a foreign or damaged state: refuse loudly, as for the global ones
             raise PrivateRngError(f"state of the generator made at {name} rejected: {exc}") from None
+
+
+def warn_absent() -> None:
+    """Warn about the generators the last restore() could not put back (called where the redone minibatch starts:
+    a restore at a fetch while the script skips to its position may come before the script made them)."""
+    for name, rank in _registry.absent:
+        _warn_once(f"absent:{name}:{rank}",
+                   f"the failed run's generator made at {name} (the {_ordinal(rank + 1)} made there) does not "
+                   f"exist when the redone minibatch starts, so its state cannot be put back: if the script "
+                   f"draws from it, the redone minibatch's random numbers differ")
+    _registry.absent = []
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')} alive"
 
 
 def _set_state(kind: int, obj: Any, state: bytes) -> None:
@@ -427,9 +484,34 @@ def _set_state(kind: int, obj: Any, state: bytes) -> None:
         has_gauss, gauss = _PY_TAIL.unpack_from(state, 4 + 625 * 4)
         obj.setstate((version, words, gauss if has_gauss else None))
     else:
-        from jitckpt.store import safe_codec
+        obj.bit_generator.state = _numpy_state(state)
 
-        obj.bit_generator.state = _unplain(safe_codec.decode(state))
+
+def _numpy_state(state: bytes) -> Any:
+    """A NumPy bit generator's state from its encoding (data only); PrivateRngError if it is not one."""
+    from jitckpt.store import safe_codec
+
+    try:
+        value = _unplain(safe_codec.decode(state))
+    except PrivateRngError:
+        raise
+    except (safe_codec.SafeCodecError, RecursionError, ValueError, TypeError) as exc:
+        raise PrivateRngError(f"not a NumPy generator state ({type(exc).__name__})") from None
+    if not isinstance(value, dict) or not isinstance(value.get("bit_generator"), str):
+        raise PrivateRngError("not a NumPy generator state (no bit_generator name)")
+    return value
+
+
+_CPU_STATE_SIZE: list[int] = []
+
+
+def _cpu_state_size() -> int:
+    """The length of a CPU torch.Generator's state in this torch."""
+    if not _CPU_STATE_SIZE:
+        import torch
+
+        _CPU_STATE_SIZE.append(torch.Generator().get_state().numel())
+    return _CPU_STATE_SIZE[0]
 
 
 def _warn_once(key: str, message: str) -> None:

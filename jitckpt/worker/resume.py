@@ -86,6 +86,7 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
         rt.defer_rng_restore(payload)
     else:
         rt.stash_rng(rt.step)
+    rt.open_own_generators_window()
     loader_state = find_own_state(rt, info, stash.LOADER)
     if loader_state is not None:
         try:

@@ -131,6 +131,13 @@ def capture() -> bytes:
     return b"".join(parts)
 
 
+def with_own_generators(payload: bytes, private: bytes) -> bytes:
+    """``payload`` (a capture()) with its record of the script's own generators replaced by ``private``."""
+    records = decode(payload)
+    records[PRIVATE] = [private]
+    return MAGIC + b"".join(_record(kind, data) for kind in sorted(records) for data in records[kind])
+
+
 def decode(payload: bytes) -> dict[int, list[bytes]]:
     """The records of an encoded state by kind, checked for shape; raises RngStateError on anything else."""
     if not payload.startswith(MAGIC):
@@ -162,8 +169,11 @@ def decode(payload: bytes) -> dict[int, list[bytes]]:
     return records
 
 
-def restore(payload: bytes) -> None:
-    """Put back a state produced by capture(); raises RngStateError (and changes nothing) if it is malformed."""
+def restore(payload: bytes, own_generators: bool = True) -> None:
+    """Put back a state produced by capture(); raises RngStateError (and changes nothing) if it is malformed.
+
+    ``own_generators=False``: only the global generators (borrowing another rank's, as the HF adapter does).
+    """
     import torch
 
     records = decode(payload)
@@ -179,6 +189,11 @@ def restore(payload: bytes) -> None:
         pos, np_has_gauss, np_gauss = _NUMPY_TAIL.unpack_from(data, 624 * 4)
         numpy_state = ("MT19937", numpy.frombuffer(data[:624 * 4], dtype="<u4").astype(numpy.uint32), pos, np_has_gauss, np_gauss)
     cpu = torch.frombuffer(bytearray(records[TORCH_CPU][0]), dtype=torch.uint8)
+    if PRIVATE in records and own_generators:  # (first: a state they reject leaves the global ones as they were)
+        try:
+            private_rng.restore(records[PRIVATE][0])
+        except private_rng.PrivateRngError as exc:
+            raise RngStateError(str(exc)) from None
     try:
         torch.set_rng_state(cpu)
         random.setstate((version, words, gauss if has_gauss else None))
@@ -190,11 +205,6 @@ def restore(payload: bytes) -> None:
         import numpy
 
         numpy.random.set_state(numpy_state)
-    if PRIVATE in records:
-        try:
-            private_rng.restore(records[PRIVATE][0])
-        except private_rng.PrivateRngError as exc:
-            raise RngStateError(str(exc)) from None
 
 
 def stash_path(shm_dir: str | os.PathLike, rank: int) -> Path:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 from jitckpt import config, eventlog, faults
 from jitckpt.jit_event import JitReason
 from jitckpt.store import CheckpointInfo, DiskStore, ParallelCoordinates
-from jitckpt.worker import data_position, minibatch, module_buffers, rng_state, save, sharding, shutdown, stash
+from jitckpt.worker import data_position, minibatch, module_buffers, private_rng, rng_state, save, sharding, shutdown, stash
 from jitckpt.worker.console import log, short_error
 
 SaveFunction = Callable[[str], Any]
@@ -89,6 +89,11 @@ class JitRuntime:
         self.pending_rng: bytes | None = None
         self._rng_restored_at_fetch = False  # a DataLoader fetch put pending_rng back (batch_fetch_starts)
         self._pending_rng_hook: Any = None
+        # From a minibatch's start until its first module forward: the script's own generators are
+        # captured again at each DataLoader fetch and at that forward (note_own_generators_at_start).
+        self._own_window = True
+        self._own_window_fetched = False  # a fetch was that point in this window (the forward is not, then)
+        self._own_window_hook: Any = None
         self._step_started = time.monotonic()
         self._step_seconds_total = 0.0
         self._steps_timed = 0
@@ -148,6 +153,55 @@ class JitRuntime:
         payload = self.take_pending_rng()
         if payload is not None and not self._rng_restored_at_fetch:
             rng_state.restore(payload)
+        if payload is not None:
+            private_rng.warn_absent()  # (after the last restore: the script has made its generators by now)
+
+    def open_own_generators_window(self) -> None:
+        """Minibatch ``step`` starts: until its first module forward, capture the script's own generators again.
+
+        The state minibatch i starts with is captured at the end of minibatch
+        i-1 (its collectives, its optimizer step); a redone minibatch gets it
+        back at its last DataLoader fetch before its first module forward, or
+        at that forward.  For the global generators nothing is drawn between
+        the two in the common case.  For the script's own generators the
+        start of an epoch matters: a generator made or reseeded for the new
+        epoch exists only after minibatch i-1 ended.  So the script's own
+        generators are captured again at the point where a redone minibatch
+        gets them back, and that capture replaces theirs in the stash for
+        minibatch i (``jitckpt.worker.private_rng``).  Nothing is armed when
+        the script has no generators of its own.
+        """
+        self._own_window, self._own_window_fetched = True, False
+        if self._own_window_hook is None and private_rng.tracking():
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._own_window_hook = register_module_forward_pre_hook(lambda module, args: self._first_forward())
+
+    def own_window_open(self) -> bool:
+        """Whether the minibatch's own-generator capture point may still come (its first forward has not)."""
+        return self._own_window and self._own_window_hook is not None
+
+    def _first_forward(self) -> None:
+        if self.pending_rng is not None:
+            self.minibatch_starts()  # (put the redone minibatch's state back before capturing it)
+        if not self._own_window_fetched:  # (a redone minibatch gets its state back at its last fetch, if any)
+            self.note_own_generators_at_start()
+        self._own_window = False
+        if self._own_window_hook is not None:
+            self._own_window_hook.remove()
+            self._own_window_hook = None
+
+    def note_own_generators_at_start(self, fetch: bool = False) -> None:
+        """Replace the script's own generators' states in the stash of the minibatch that is starting (see above)."""
+        self._own_window_fetched = self._own_window_fetched or fetch
+        if not self._own_window or self.stash is None or self._rng_stashed is None or self._rng_stashed[0] != self.step:
+            return  # (nothing stashed for this minibatch's start: it is not a saved state's start either)
+        private = private_rng.capture()
+        if private is None:
+            return
+        payload = rng_state.with_own_generators(self._rng_stashed[1], private)
+        if payload != self._rng_stashed[1]:
+            self.stash_rng(self.step, payload)
 
     def batch_fetch_starts(self) -> None:
         """A DataLoader's sampler has just chosen the next batch, which is about to be fetched.
@@ -218,6 +272,7 @@ class JitRuntime:
     def _minibatch_done(self) -> None:
         self.step += 1
         self.phase = "forward"
+        self.open_own_generators_window()
         save.note_minibatch_start()  # where a JIT save's side stream starts reading (CUDA only; else nothing)
         # (the pre-step hooks already stashed the RNG state this minibatch starts with)
         now = time.monotonic()

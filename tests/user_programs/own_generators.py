@@ -8,9 +8,14 @@ its own inside the model's forward.  On resume the script skips to its
 position by iterating the loader.  ``--save-generators``: its ``save()`` also
 writes the generators' states and its resume loads them (what a careful user
 does; the states it gets are those of the middle of the failed minibatch).
-``--die RANK:STEP:HOW``: that rank is SIGKILLed (``kill``) or SIGSTOPped
-(``stop``) between ``backward()`` and ``optimizer.step()`` of minibatch STEP
-(1-based), in the first attempt.  Prints ``final parameters sha256 <hex>``
+``--per-epoch``: two epochs; at each epoch's start the noise generator is
+reseeded from the epoch and a second noise generator is made anew with a
+constant seed (the previous epoch's, still alive when minibatch i-1 ends,
+must not be what the new one gets).  ``--die RANK:STEP:HOW``: that rank is
+SIGKILLed (``kill``) or SIGSTOPped (``stop``) between ``backward()`` and
+``optimizer.step()`` of minibatch STEP (1-based), or SIGSTOPped after taking
+its batch and drawing its noise, before the forward (``stop-before-forward``),
+in the first attempt.  Prints ``final parameters sha256 <hex>``
 on rank 0.
 """
 
@@ -48,6 +53,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--die", default="")
     p.add_argument("--save-generators", action="store_true")
+    p.add_argument("--per-epoch", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -87,10 +93,24 @@ def main() -> None:
     for _ in range(start):
         next(loader)
     die_rank, die_step, how = args.die.split(":") if args.die else ("-1", "-1", "")
+    per_epoch = args.steps // 2
+    again = None
     for step in range(start, args.steps):
         progress["step"] = step
+        if args.per_epoch and (step % per_epoch == 0 or again is None):
+            noise.manual_seed(200 + rank + 1000 * (step // per_epoch))
+            for _ in range(step % per_epoch):  # (resumed mid-epoch: where the epoch's noise had got to)
+                torch.randn(4, 8, generator=noise)
+            again = torch.Generator().manual_seed(600 + rank)
+            for _ in range(step % per_epoch):
+                torch.randn(4, 8, generator=again)
         (x,) = next(loader)
         x = x + 0.1 * torch.randn(x.shape, generator=noise)
+        if again is not None:
+            x = x + 0.1 * torch.randn(x.shape, generator=again)
+        if attempt() == 0 and rank == int(die_rank) and step + 1 == int(die_step) and how == "stop-before-forward":
+            print(f"rank {rank}: stop myself before the forward of minibatch {step + 1}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         x = x * (1 + 0.01 * jitter.gauss(0, 1))
         x = x * torch.from_numpy((masks.random(x.shape) > 0.1).astype(np.float32))
         loss = model(x).pow(2).mean()
