@@ -108,6 +108,7 @@ class MinibatchRng:
 
     def stash(self) -> None:
         self.rt.stash_rng(self.rt.step)
+        self.rt.close_own_generators_window()  # (the framework's minibatch start is where its state is taken)
 
     def restore(self) -> None:
         """Put back the state the redone minibatch starts with (once, on a resumed attempt)."""

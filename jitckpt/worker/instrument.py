@@ -833,7 +833,7 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
         if runtime.pending_rng is not None:
             runtime.batch_fetch_starts()
         if runtime.own_window_open():
-            runtime.note_own_generators_at_start(fetch=True)
+            runtime.note_own_generators_at_start()
         return index
 
     next_batch = _BaseDataLoaderIter.__next__

@@ -91,8 +91,7 @@ class JitRuntime:
         self._pending_rng_hook: Any = None
         # From a minibatch's start until its first module forward: the script's own generators are
         # captured again at each DataLoader fetch and at that forward (note_own_generators_at_start).
-        self._own_window = True
-        self._own_window_fetched = False  # a fetch was that point in this window (the forward is not, then)
+        self._own_window = False
         self._own_window_hook: Any = None
         self._step_started = time.monotonic()
         self._step_seconds_total = 0.0
@@ -157,44 +156,47 @@ class JitRuntime:
             private_rng.warn_absent()  # (after the last restore: the script has made its generators by now)
 
     def open_own_generators_window(self) -> None:
-        """Minibatch ``step`` starts: until its first module forward, capture the script's own generators again.
+        """Minibatch ``step`` starts: capture the script's own generators again at its first fetch or forward.
 
         The state minibatch i starts with is captured at the end of minibatch
         i-1 (its collectives, its optimizer step); a redone minibatch gets it
-        back at its last DataLoader fetch before its first module forward, or
-        at that forward.  For the global generators nothing is drawn between
-        the two in the common case.  For the script's own generators the
-        start of an epoch matters: a generator made or reseeded for the new
-        epoch exists only after minibatch i-1 ended.  So the script's own
-        generators are captured again at the point where a redone minibatch
-        gets them back, and that capture replaces theirs in the stash for
-        minibatch i (``jitckpt.worker.private_rng``).  Nothing is armed when
-        the script has no generators of its own.
+        back at its DataLoader fetches before its first module forward, or at
+        that forward.  For the global generators nothing is drawn between the
+        two in the common case.  For the script's own generators the start of
+        an epoch matters: a generator made or reseeded for the new epoch
+        exists only after minibatch i-1 ended.  So the script's own generators
+        are captured once more, at minibatch i's first DataLoader fetch, or
+        its first module forward if that comes first, and that capture
+        replaces theirs in the stash for minibatch i
+        (``jitckpt.worker.private_rng``).  Its first collective or optimizer
+        step ends the chance (a forward inside a compiled function may fire
+        no hook: a later fetch must not capture the middle of the
+        minibatch), and so does a framework adapter's own capture at its
+        minibatch start.  Nothing is armed when the script has no generators
+        of its own.
         """
-        self._own_window, self._own_window_fetched = True, False
         if self._own_window_hook is None and private_rng.tracking():
+            self._own_window = True
             from torch.nn.modules.module import register_module_forward_pre_hook
 
             self._own_window_hook = register_module_forward_pre_hook(lambda module, args: self._first_forward())
 
     def own_window_open(self) -> bool:
         """Whether the minibatch's own-generator capture point may still come (its first forward has not)."""
-        return self._own_window and self._own_window_hook is not None
+        return self._own_window
 
     def _first_forward(self) -> None:
         if self.pending_rng is not None:
             self.minibatch_starts()  # (put the redone minibatch's state back before capturing it)
-        if not self._own_window_fetched:  # (a redone minibatch gets its state back at its last fetch, if any)
-            self.note_own_generators_at_start()
-        self._own_window = False
-        if self._own_window_hook is not None:
-            self._own_window_hook.remove()
-            self._own_window_hook = None
+        self.note_own_generators_at_start()
 
-    def note_own_generators_at_start(self, fetch: bool = False) -> None:
-        """Replace the script's own generators' states in the stash of the minibatch that is starting (see above)."""
-        self._own_window_fetched = self._own_window_fetched or fetch
-        if not self._own_window or self.stash is None or self._rng_stashed is None or self._rng_stashed[0] != self.step:
+    def note_own_generators_at_start(self) -> None:
+        """Replace the script's own generators' states in the stash of the minibatch that is starting (see above),
+        once: the window closes here."""
+        if not self._own_window:
+            return
+        self.close_own_generators_window()
+        if self.stash is None or self._rng_stashed is None or self._rng_stashed[0] != self.step:
             return  # (nothing stashed for this minibatch's start: it is not a saved state's start either)
         private = private_rng.capture()
         if private is None:
@@ -202,6 +204,13 @@ class JitRuntime:
         payload = rng_state.with_own_generators(self._rng_stashed[1], private)
         if payload != self._rng_stashed[1]:
             self.stash_rng(self.step, payload)
+
+    def close_own_generators_window(self) -> None:
+        """The minibatch's first fetch, forward, collective or optimizer step has come: no capture after it."""
+        if self._own_window_hook is not None:
+            self._own_window_hook.remove()
+            self._own_window_hook = None
+        self._own_window = False
 
     def batch_fetch_starts(self) -> None:
         """A DataLoader's sampler has just chosen the next batch, which is about to be fetched.
@@ -231,6 +240,7 @@ class JitRuntime:
         applied part of the update is ever saved.
         """
         self.taken_batches.minibatch_committed(collective=False)
+        self.close_own_generators_window()
         self.wait_for_gradient_collectives()
         if self.pending_rng is not None:
             self.minibatch_starts()
@@ -355,6 +365,7 @@ class JitRuntime:
         self.taken_batches.minibatch_committed(collective=True)  # (before this rank contributes to the minibatch)
         if self.pending_rng is not None:
             self.minibatch_starts()
+        self.close_own_generators_window()
         self.optimizer_phase.collective_issued()
         self.park_if_requested()
         self.training_started = True
