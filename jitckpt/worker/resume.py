@@ -86,7 +86,8 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
         rt.defer_rng_restore(payload)
     else:
         rt.stash_rng(rt.step)
-    rt.open_own_generators_window()
+    # (no window for the redone minibatch: the stash holds its start already, and a capture at a fetch
+    # while the script skips to its position could miss a generator the script makes after it)
     loader_state = find_own_state(rt, info, stash.LOADER)
     if loader_state is not None:
         try:

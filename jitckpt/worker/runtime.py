@@ -89,8 +89,8 @@ class JitRuntime:
         self.pending_rng: bytes | None = None
         self._rng_restored_at_fetch = False  # a DataLoader fetch put pending_rng back (batch_fetch_starts)
         self._pending_rng_hook: Any = None
-        # From a minibatch's start until its first module forward: the script's own generators are
-        # captured again at each DataLoader fetch and at that forward (note_own_generators_at_start).
+        # From a minibatch's start until its first fetch, forward, collective or optimizer step: the script's
+        # own generators are captured once more at the first fetch or forward (note_own_generators_at_start).
         self._own_window = False
         self._own_window_hook: Any = None
         self._step_started = time.monotonic()
@@ -182,7 +182,7 @@ class JitRuntime:
             self._own_window_hook = register_module_forward_pre_hook(lambda module, args: self._first_forward())
 
     def own_window_open(self) -> bool:
-        """Whether the minibatch's own-generator capture point may still come (its first forward has not)."""
+        """Whether the minibatch's own-generator capture point may still come (no fetch, forward, collective or step yet)."""
         return self._own_window
 
     def _first_forward(self) -> None:
