@@ -249,7 +249,7 @@ r = random.Random(3)
 n = numpy.random.default_rng(4)
 transient = torch.Generator()                         # dies before the capture: not in it
 del transient
-names = [(kind, name, rank) for kind, name, rank, _ in private_rng._registry.live()]
+names = [(entry.kind, entry.name, rank) for entry, rank, _ in private_rng._registry.live_entries()]
 assert [n[0] for n in names] == [1, 1, 2, 3], names
 assert names[0][1] == names[1][1] and (names[0][2], names[1][2]) == (0, 1), names
 assert not any("tempfile" in n[1] for n in names), names

@@ -832,8 +832,7 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
         index = original(self)
         if runtime.pending_rng is not None:
             runtime.batch_fetch_starts()
-        if runtime.own_window_open():
-            runtime.note_own_generators_at_start()
+        runtime.note_own_generators_at_start()  # (once per minibatch; nothing without generators of the script's own)
         return index
 
     next_batch = _BaseDataLoaderIter.__next__

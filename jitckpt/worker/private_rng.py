@@ -142,11 +142,6 @@ class _Registry:
         self.numpy = {id(entry.strong): entry for entry in self.entries if entry.kind == NUMPY}
         self.dead, self.next_prune = 0, max(4 * MAX_TRACKED, 2 * len(self.entries))
 
-    def live(self) -> Iterator[tuple[int, str, int, Any]]:
-        """(kind, name, rank among the live ones of that name, generator), in creation order."""
-        for entry, rank, obj in self.live_entries():
-            yield entry.kind, entry.name, rank, obj
-
     def observe_seeds(self) -> None:
         """Take the seed fingerprint of every live generator that has none yet."""
         for entry, _, obj in self.live_entries():

@@ -181,10 +181,6 @@ class JitRuntime:
 
             self._own_window_hook = register_module_forward_pre_hook(lambda module, args: self._first_forward())
 
-    def own_window_open(self) -> bool:
-        """Whether the minibatch's own-generator capture point may still come (no fetch, forward, collective or step yet)."""
-        return self._own_window
-
     def _first_forward(self) -> None:
         if self.pending_rng is not None:
             self.minibatch_starts()  # (put the redone minibatch's state back before capturing it)
