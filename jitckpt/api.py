@@ -76,7 +76,6 @@ def jit_get_checkpoint_path() -> str | None:
     if _checkpoint_lookup_done:
         return _checkpoint_path
     from jitckpt.worker import resume
-    from jitckpt.worker.console import log
 
     info = resume.locate(rt)
     if info is None:
@@ -84,8 +83,8 @@ def jit_get_checkpoint_path() -> str | None:
         _checkpoint_path = None
     else:
         resume.resume(rt, info)
-        log(f"resuming from minibatch {info.step}: {info.path}")
         _checkpoint_path = str(info.path)
+    rt.arm_memory_snapshot()
     _checkpoint_lookup_done = True
     return _checkpoint_path
 

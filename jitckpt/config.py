@@ -30,6 +30,9 @@ ENV_REPORT = "JITCKPT_REPORT"
 ENV_RUN_DIR = "JITCKPT_RUN_DIR"
 # Host shared-memory directory where every rank stashes its RNG state each minibatch.
 ENV_SHM_DIR = "JITCKPT_SHM_DIR"
+# "auto"/"on"/"off" (jit-run --memory-tier): per-minibatch snapshots of each rank's shard in host memory
+# (jitckpt.worker.memory_snapshots); "auto" takes them when some rank's state has no replica (FSDP2, ZeRO).
+ENV_MEMORY_TIER = "JITCKPT_MEMORY_TIER"
 # Set by jit-run's agent for its workers: the rendezvous round they were started
 # in, which every node of the job agrees on (restart counts can differ by node).
 ENV_RENDEZVOUS_ROUND = "JITCKPT_RENDEZVOUS_ROUND"
@@ -58,6 +61,8 @@ DEFAULT_HANG_TIMEOUT = 60.0
 DEFAULT_SAVE_GRACE = 60.0
 DEFAULT_AGREEMENT_TIMEOUT = 300.0
 DEFAULT_WARM_RESTART = "on"
+DEFAULT_MEMORY_TIER = "auto"
+MEMORY_TIER_MODES = ("auto", "on", "off")
 
 # Exit status of a worker that completed its just-in-time save (EX_TEMPFAIL:
 # "temporary failure, retry"); never 0, so torchrun's agent restarts the group.

@@ -6,8 +6,10 @@ Spec syntax (``jit-run --fault`` or ``JITCKPT_FAULT``), several separated by ``;
 
 - ``rank``: global rank that misbehaves.
 - ``step``: the minibatch (number of optimizer steps completed before it).
-- ``phase``: ``forward``, ``backward``, ``allreduce``, ``optimizer`` or ``save``
-  (during the just-in-time save, on a healthy rank that is saving).
+- ``phase``: ``forward``, ``backward``, ``allreduce``, ``optimizer``, ``save``
+  (during the just-in-time save, on a healthy rank that is saving) or
+  ``snapshot`` (during the memory tier's snapshot at the minibatch's start,
+  after the user's save wrote it and before it is committed: ``jitckpt.worker.memory_snapshots``).
 - ``kind``: ``kill`` (SIGKILL: the process vanishes), ``hang`` (SIGSTOP: the
   process freezes where the fault is, sockets stay open), ``raise`` (a Python exception),
   ``term`` (SIGTERM to itself: a preemption notice; jitckpt turns it into a
@@ -25,7 +27,7 @@ import threading
 
 from jitckpt import eventlog
 
-PHASES = ("forward", "backward", "allreduce", "optimizer", "save")
+PHASES = ("forward", "backward", "allreduce", "optimizer", "save", "snapshot")
 KINDS = ("kill", "hang", "raise", "term")
 
 

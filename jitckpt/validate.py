@@ -23,13 +23,14 @@ def check_number(
     above: float | None = None,
     at_least: float | None = None,
     below: float | None = None,
+    at_most: float | None = None,
 ) -> float:
     """``value`` (a number or its text) as a finite float (or int with ``integer``), within bounds.
 
-    ``above``/``at_least`` and ``below`` are the open/closed lower and open
-    upper bound.  Raises ValueError naming ``what`` and the accepted range.
+    ``above``/``at_least`` and ``below``/``at_most`` are the open/closed lower
+    and upper bounds.  Raises ValueError naming ``what`` and the accepted range.
     """
-    expected = _expected(integer, above, at_least, below)
+    expected = _expected(integer, above, at_least, below, at_most)
     if isinstance(value, bool):
         raise ValueError(f"{what} must be {expected}, got {value!r}")
     number: float
@@ -47,12 +48,13 @@ def check_number(
         raise ValueError(f"{what} must be {expected}, got {value!r}")
     if (above is not None and not number > above) or (at_least is not None and not number >= at_least) or (
         below is not None and not number < below
-    ):
+    ) or (at_most is not None and not number <= at_most):
         raise ValueError(f"{what} must be {expected}, got {value!r}")
     return number
 
 
-def _expected(integer: bool, above: float | None, at_least: float | None, below: float | None) -> str:
+def _expected(integer: bool, above: float | None, at_least: float | None, below: float | None,
+              at_most: float | None = None) -> str:
     kind = "a whole number" if integer else "a finite number"
     bounds = []
     if above is not None:
@@ -61,6 +63,8 @@ def _expected(integer: bool, above: float | None, at_least: float | None, below:
         bounds.append(f">= {at_least:g}")
     if below is not None:
         bounds.append(f"< {below:g}")
+    if at_most is not None:
+        bounds.append(f"<= {at_most:g}")
     return kind + (" " + " and ".join(bounds) if bounds else "")
 
 
@@ -72,6 +76,11 @@ def positive_number(value: object, what: str = "value") -> float:
 def fraction(value: object, what: str = "value") -> float:
     """A finite number in [0, 1)."""
     return check_number(value, what, at_least=0, below=1)
+
+
+def share(value: object, what: str = "value") -> float:
+    """A finite number in [0, 1] (a share of a whole, all of it allowed)."""
+    return check_number(value, what, at_least=0, at_most=1)
 
 
 def positive_int(value: object, what: str = "value") -> int:

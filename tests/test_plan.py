@@ -595,3 +595,48 @@ def test_cli_plot_unwritable_path(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "cannot write" in proc.stderr.strip().splitlines()[-1]
+
+
+# --------------------------------------------------------------------------
+# sharded jobs: the memory tier (issue 20)
+# --------------------------------------------------------------------------
+
+
+def test_sharded_memory_tier_equation_by_hand() -> None:
+    n, f_day, o, r, m, o_snap, h = 1024, 2e-3, 60.0, 300.0, 2.0, 0.02, 0.1
+    f = f_day / 86400
+    by_hand = o_snap + (1 - h) * f * o + n * f * r + n * f * (1 - h) * m / 2 + math.sqrt(2 * n * f * h * o)
+    assert cost_model.wasted_time_per_unit_sharded_memory_tier(n, f_day, o, r, m, o_snap, h) == pytest.approx(by_hand)
+    # the backstop's frequency minimises c o + N f h / (2 c)
+    c = cost_model.backstop_frequency_per_hour(n, f_day, o, h) / 3600
+    assert c == pytest.approx(math.sqrt(n * f * h / (2 * o)))
+    assert cost_model.backstop_frequency_per_hour(n, f_day, o, 0.0) == 0.0
+
+
+def test_sharded_memory_tier_limits() -> None:
+    """Beyond the tier for every failure and free snapshots: exactly periodic checkpointing at c*, which is what
+    a sharded job without the tier wastes; within it for every failure: JIT's waste plus the snapshots'."""
+    args = (4096, 2e-3, 60.0, 300.0, 2.0)
+    periodic = cost_model.wasted_time_per_unit_periodic_optimal(*args[:4])
+    assert cost_model.wasted_time_per_unit_sharded_memory_tier(*args, 0.0, 1.0) == pytest.approx(periodic)
+    jit = cost_model.wasted_time_per_unit_jit_user(*args)
+    assert cost_model.wasted_time_per_unit_sharded_memory_tier(*args, 0.03, 0.0) == pytest.approx(jit + 0.03)
+    with pytest.raises(ValueError, match="unprotected fraction"):
+        cost_model.wasted_time_per_unit_sharded_memory_tier(*args, 0.0, 1.5)
+
+
+def test_cli_sharded_column_json_and_pairing() -> None:
+    status, out = _run_main("--gpus", "1024", *BERT_ARGS, "--snapshot-overhead", "0.02",
+                            "--unprotected-fraction", "0.1")
+    assert status == 0, out
+    assert "sharded job, memory tier: snapshot overhead 0.02, 0.1 of failures beyond it" in out
+    header, row = [line for line in out.splitlines() if line.startswith(("GPUs", "1024"))]
+    assert header.endswith("sharded: memory tier") and "(backstop every " in row, out
+    proc = _run_cli("--gpus", "1024", *BERT_ARGS, "--snapshot-overhead", "0.02", "--unprotected-fraction", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (item,) = json.loads(proc.stdout)
+    assert item["backstop_frequency_per_hour"] == 0.0
+    assert item["wasted_fraction_sharded_memory_tier"] == pytest.approx(
+        cost_model.wasted_fraction(0.02 + item["wasted_fraction_jit_user"] / (1 - item["wasted_fraction_jit_user"])))
+    proc = _run_cli("--gpus", "8", *BERT_ARGS, "--snapshot-overhead", "0.02")
+    assert proc.returncode == 2 and "--snapshot-overhead and --unprotected-fraction go together" in proc.stderr

@@ -2,14 +2,17 @@
 
 Real torchrun jobs over gloo, from the user's side (tests/sharded_programs/train_sharded.py):
 
-- FSDP2 on 2 ranks, rank 1 killed: its shard has no replica, so the job says
-  so and starts afresh; the final parameters equal a fault-free run's.
+- FSDP2 on 2 ranks, rank 1 killed, the memory tier off: its shard has no
+  replica, so the job says so and starts afresh; the final parameters equal a
+  fault-free run's.  (With the memory tier, the default, it resumes from host
+  memory instead: tests/test_memory_tier.py.)
 - HSDP on 4 ranks (replicate x shard = 2 x 2), rank 1 killed: rank 3 holds the
   same shard, so every rank resumes from the JIT checkpoint of its own shard,
   redoes one minibatch and ends bit-for-bit like a fault-free run.
-- DDP with ZeroRedundancyOptimizer on 2 ranks: rank 1 is preempted (every
-  rank saves), later killed (its optimizer shard has no replica): the job
-  falls back to the preemption's complete checkpoint, never a wrong resume.
+- DDP with ZeroRedundancyOptimizer on 2 ranks, the memory tier off: rank 1 is
+  preempted (every rank saves), later killed (its optimizer shard has no
+  replica): the job falls back to the preemption's complete checkpoint, never
+  a wrong resume.
 
 Before shard identities, the FSDP and HSDP jobs resumed rank 1 from rank 0's
 checkpoint and reported success with wrong parameters, and the ZeRO job
@@ -47,9 +50,11 @@ def fault_free_sha(tmp_path: Path, mode: str, nproc: int) -> str:
     return result.sha
 
 
-def run_sharded(tmp_path: Path, mode: str, nproc: int, *faults: str):
+def run_sharded(tmp_path: Path, mode: str, nproc: int, *faults: str, memory_tier: str = "auto"):
+    """The job with jit-run; ``memory_tier="off"``: without the memory tier's snapshots (tests/test_memory_tier.py
+    covers them), so that a lost shard has no copy anywhere."""
     args = ["--mode", mode, "--steps", str(STEPS)] + [a for f in faults for a in ("--fault", f)]
-    return run_jit(tmp_path / "ckpt", nproc=nproc, script=PROGRAM, args=args)
+    return run_jit(tmp_path / "ckpt", nproc=nproc, script=PROGRAM, args=args, jit_options=["--memory-tier", memory_tier])
 
 
 def resumes(output: str) -> list[tuple[int, int, Path]]:
@@ -63,7 +68,7 @@ def lines_with(output: str, text: str) -> list[str]:
 
 def test_fsdp_lost_shard_is_said_once_and_the_job_starts_afresh(tmp_path):
     expected = fault_free_sha(tmp_path, "fsdp", 2)
-    result = run_sharded(tmp_path, "fsdp", 2, "1:5:KILL")
+    result = run_sharded(tmp_path, "fsdp", 2, "1:5:KILL", memory_tier="off")
     assert result.returncode == 0, result.output[-4000:]
     assert resumes(result.output) == [], "a rank was resumed although rank 1's shard has no copy"
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
@@ -103,7 +108,7 @@ def test_zero_lost_optimizer_shard_falls_back_to_the_last_complete_checkpoint(tm
     expected = fault_free_sha(tmp_path, "zero", 2)
     # attempt 0: rank 1 is preempted at minibatch 3 (SIGTERM: both ranks save);
     # attempt 1: rank 1 is killed at minibatch 6 (only rank 0 saves)
-    result = run_sharded(tmp_path, "zero", 2, "1:3:TERM:0", "1:6:KILL:1")
+    result = run_sharded(tmp_path, "zero", 2, "1:3:TERM:0", "1:6:KILL:1", memory_tier="off")
     assert result.returncode == 0, result.output[-4000:]
     done = resumes(result.output)
     assert sorted((rank, step, path.name) for rank, step, path in done) == [

@@ -81,11 +81,11 @@ def resume_point(rt: "JitRuntime") -> Path | None:
         return None  # one training run per process resumes; or the script looked it up itself
     _resume_looked_up = True
     info = resume.locate(rt)
+    rt.arm_memory_snapshot()
     if info is None:
         resume.fresh_start(rt)
         return None
     resume.resume(rt, info)
-    log(f"resuming from minibatch {info.step}: {info.path}")
     return info.path
 
 

@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "let it become the replacement worker when torchrun restarts the workers (restarts skip "
                              "Python start-up and `import torch`; idle standbys cost memory); off: torchrun spawns "
                              f"fresh interpreters [{config.ENV_WARM_RESTART}, default %(default)s]")
+    parser.add_argument("--memory-tier", choices=config.MEMORY_TIER_MODES,
+                        default=env(config.ENV_MEMORY_TIER, config.DEFAULT_MEMORY_TIER),
+                        help="snapshot every rank's shard into host memory at the start of every minibatch, so that "
+                             "a lost rank whose state has no copy on another rank (FSDP2, ZeroRedundancyOptimizer) "
+                             "resumes with at most one minibatch redone: auto = when some rank's state has no copy, "
+                             "on = always, off = never (a lost shard then means the newest checkpoint that covers "
+                             f"every shard) [{config.ENV_MEMORY_TIER}, default %(default)s]")
     parser.add_argument("--allow-inexact-resume", action="store_true",
                         default=env(config.ENV_ALLOW_INEXACT_RESUME, "") == "1",
                         help="go on when a rank's own per-rank state for the resumed minibatch cannot be found (its "
@@ -191,6 +198,9 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         raise UsageError(str(exc)) from None
     if args.warm_restart not in ("on", "off"):
         raise UsageError(f"{config.ENV_WARM_RESTART} must be on or off (got {args.warm_restart!r})")
+    if args.memory_tier not in config.MEMORY_TIER_MODES:
+        raise UsageError(f"{config.ENV_MEMORY_TIER} must be one of {', '.join(config.MEMORY_TIER_MODES)} "
+                         f"(got {args.memory_tier!r})")
     try:
         root = check_writable(args.checkpoint_dir or default_checkpoint_dir(args.command))
     except CheckpointError as exc:
@@ -215,6 +225,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         config.ENV_RUN_DIR: str(run_dir),
         config.ENV_SHM_DIR: str(shm_dir),
         config.ENV_WARM_RESTART: args.warm_restart,
+        config.ENV_MEMORY_TIER: args.memory_tier,
         config.ENV_ALLOW_INEXACT_RESUME: "1" if args.allow_inexact_resume else "0",
     })
     # torch >= 2.4 lets the workers share the rendezvous store hosted by the

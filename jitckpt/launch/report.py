@@ -14,6 +14,7 @@ from typing import Any
 
 from jitckpt import config
 from jitckpt.store.private import make_missing_dirs, write_private_file
+from jitckpt.store.shard import format_ranks
 
 REPORT_VERSION = 1
 
@@ -107,6 +108,8 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
         "restarted_ranks": len(next_starts),
         "resume_seconds": span(restarted_at, resumed_at),
         "resumed_from_minibatch": resumed_step,
+        # ranks whose state came from the memory tier's snapshots (jitckpt.store.memory), not from a JIT save
+        "memory_tier_ranks": sorted(e["rank"] for e in resumed if e.get("memory_tier")),
         "restarted_fresh": fresh,
         "minibatches_redone": redone,
     }
@@ -216,6 +219,8 @@ def render(report: dict[str, Any]) -> str:
         for s in f["save_failures"]:
             lines.append(f"  save failed: rank {s['rank']}: {s['error']}")
         resumed = "fresh start" if f["restarted_fresh"] else f"minibatch {_fmt(f['resumed_from_minibatch'])}"
+        if f.get("memory_tier_ranks"):
+            resumed += f" (rank(s) {format_ranks(f['memory_tier_ranks'])} from host-memory snapshots)"
         lines.append(
             f"  time to detect {_fmt(f['detect_seconds'])}, save {_fmt(f['save_seconds'])}, "
             f"restart {_fmt(f['restart_seconds'])}{_warm_note(f)}, resume {_fmt(f['resume_seconds'])}; "

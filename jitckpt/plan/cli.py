@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence, TextIO
 
 from jitckpt.plan.cost_model import SECONDS_PER_HOUR, PlanRow, plan_row
 from jitckpt.plan.monte_carlo import MonteCarloResult, simulate
-from jitckpt.validate import argparse_type, fraction, non_negative_int, positive_int, positive_number
+from jitckpt.validate import argparse_type, fraction, non_negative_int, positive_int, positive_number, share
 
 PROG = "jit-run plan"
 
@@ -148,6 +148,29 @@ def _build_parser() -> argparse.ArgumentParser:
         "recovery report written by jit-run (flags given explicitly win)",
     )
     model.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    sharded = parser.add_argument_group(
+        "sharded jobs (FSDP2, ZeRO: no replica of a rank's state)",
+        "a lost rank's shard has no copy for a JIT save: without the memory tier every failure falls\n"
+        "back to a periodic checkpoint (the periodic column); with it, the failures it survives cost\n"
+        "what a JIT failure costs and the rest fall back to a periodic backstop at its own optimum",
+    )
+    sharded.add_argument(
+        "--snapshot-overhead",
+        type=_overhead,
+        default=None,
+        metavar="FRACTION",
+        help="the memory tier's steady-state cost: seconds of one snapshot per minibatch over the minibatch's "
+        "seconds (printed by jit-run, measured by benchmarks/memory_tier.py); adds the column",
+    )
+    sharded.add_argument(
+        "--unprotected-fraction",
+        type=argparse_type(share),
+        default=None,
+        metavar="H",
+        help="share of failures beyond the tier's tolerance (required with --snapshot-overhead); with "
+        "snapshots kept on each rank's own host, the share of failures that take a whole host",
+    )
 
     mc = parser.add_argument_group(
         "Monte Carlo",
@@ -279,8 +302,15 @@ def _print_plan(args: argparse.Namespace, rows: list[PlanRow], out: TextIO) -> N
         f"  checkpoint o = {args.checkpoint_cost:g} s, restore r = {args.restore_cost:g} s, "
         f"minibatch m = {args.minibatch:g} s, failure rate f = {args.failure_rate:g} per GPU per day\n"
         f"  JIT steady-state overhead: {args.jit_overhead:g} (user-level), {transparent:g} (transparent)"
-        f"{'; JIT checkpoint stalls all GPUs' if args.jit_checkpoint_stalls_job else ''}\n\n"
+        f"{'; JIT checkpoint stalls all GPUs' if args.jit_checkpoint_stalls_job else ''}\n"
     )
+    if args.snapshot_overhead is not None:
+        out.write(
+            f"  sharded job, memory tier: snapshot overhead {args.snapshot_overhead:g}, "
+            f"{args.unprotected_fraction:g} of failures beyond it (they fall back to a periodic backstop); "
+            f"without the tier a sharded job wastes what periodic@c* does\n"
+        )
+    out.write("\n")
     headers = [
         "GPUs",
         "job failures/day",
@@ -302,6 +332,13 @@ def _print_plan(args: argparse.Namespace, rows: list[PlanRow], out: TextIO) -> N
         ]
         for row in rows
     ]
+    if args.snapshot_overhead is not None:
+        headers.append("sharded: memory tier")
+        for line, row in zip(table, rows):
+            assert row.wasted_fraction_sharded_memory_tier is not None and row.backstop_frequency_per_hour is not None
+            backstop = (f" (backstop every {_duration(SECONDS_PER_HOUR / row.backstop_frequency_per_hour)})"
+                        if row.backstop_frequency_per_hour > 0 else " (no backstop)")
+            line.append(_percent(row.wasted_fraction_sharded_memory_tier) + backstop)
     _table(headers, table, out)
 
 
@@ -400,6 +437,10 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
                         raise _UsageError(f"{flag} only applies together with --monte-carlo")
             elif args.days is None:
                 raise _UsageError("--monte-carlo needs --days D (useful training length per run, in days)")
+            if (args.snapshot_overhead is None) != (args.unprotected_fraction is None):
+                raise _UsageError("--snapshot-overhead and --unprotected-fraction go together (a sharded job's "
+                                  "memory tier: its cost and the share of failures beyond it)")
+            sharded = None if args.snapshot_overhead is None else (args.snapshot_overhead, args.unprotected_fraction)
             rows = [
                 plan_row(
                     n,
@@ -410,6 +451,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None) -> 
                     args.jit_overhead,
                     args.transparent_overhead,
                     args.jit_checkpoint_stalls_job,
+                    sharded,
                 )
                 for n in args.gpus
             ]

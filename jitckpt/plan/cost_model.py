@@ -39,7 +39,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from jitckpt.validate import check_number, fraction, positive_int, positive_number
+from jitckpt.validate import check_number, fraction, positive_int, positive_number, share
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -58,6 +58,8 @@ __all__ = [
     "wasted_fraction_jit_user",
     "wasted_time_per_unit_jit_transparent",
     "wasted_fraction_jit_transparent",
+    "wasted_time_per_unit_sharded_memory_tier",
+    "backstop_frequency_per_hour",
     "PlanRow",
     "plan_row",
 ]
@@ -227,6 +229,51 @@ def wasted_fraction_jit_transparent(
     return wasted_fraction(wasted_time_per_unit_jit_transparent(n_gpus, failures_per_gpu_per_day, minibatch_s, jit_overhead))
 
 
+def wasted_time_per_unit_sharded_memory_tier(
+    n_gpus: int,
+    failures_per_gpu_per_day: float,
+    checkpoint_cost_s: float,
+    restore_cost_s: float,
+    minibatch_s: float,
+    snapshot_overhead: float,
+    unprotected_fraction: float,
+    jit_overhead: float = 0.0,
+) -> float:
+    """A sharded job (no replica of its state) with the memory tier, periodic checkpoints as its backstop.
+
+    Without the tier a sharded job gains nothing from JIT: a lost rank's shard
+    has no copy, every failure falls back to the newest periodic checkpoint,
+    and the waste is periodic checkpointing's.  With the tier, the share
+    ``1 - h`` of failures it survives costs what a JIT failure costs (the JIT
+    save ``f o``, the restart ``N f r``, half a minibatch redone ``N f m / 2``);
+    the share ``h`` beyond it (more losses than its scheme tolerates; with
+    snapshots on the rank's own host only, a lost host) falls back to a
+    periodic checkpoint: ``N f h (r + 1 / (2 c))``, with ``c o`` to write them.
+    At the backstop's optimum ``c = sqrt(N f h / (2 o))`` those two terms sum
+    to ``sqrt(2 N f h o)``.  The snapshots cost ``o_snap`` (their seconds per
+    minibatch over the minibatch's) all the time::
+
+        w = o_snap + o_jit + (1 - h) f o + N f r + N f (1 - h) m / 2 + sqrt(2 N f h o)
+    """
+    n = positive_int(n_gpus, GPUS)
+    f = failure_rate_per_second(failures_per_gpu_per_day)
+    o = positive_number(checkpoint_cost_s, "checkpoint cost")
+    r = positive_number(restore_cost_s, "restore cost")
+    m = positive_number(minibatch_s, "minibatch time")
+    o_snap = fraction(snapshot_overhead, "snapshot overhead")
+    h = share(unprotected_fraction, "unprotected fraction")
+    o_jit = fraction(jit_overhead, "JIT overhead")
+    return o_snap + o_jit + (1.0 - h) * f * o + n * f * r + n * f * (1.0 - h) * m / 2.0 + math.sqrt(2.0 * n * f * h * o)
+
+
+def backstop_frequency_per_hour(n_gpus: int, failures_per_gpu_per_day: float, checkpoint_cost_s: float,
+                                unprotected_fraction: float) -> float:
+    """The periodic backstop's optimal frequency beside the memory tier, ``sqrt(N f h / (2 o))`` per hour
+    (0 when the tier survives every failure, ``h = 0``)."""
+    h = share(unprotected_fraction, "unprotected fraction")
+    return math.sqrt(h) * optimal_frequency_per_hour(n_gpus, failures_per_gpu_per_day, checkpoint_cost_s)
+
+
 @dataclass(frozen=True)
 class PlanRow:
     """Closed-form results for one job size (one line of ``jit-run plan``)."""
@@ -236,6 +283,9 @@ class PlanRow:
     wasted_fraction_periodic: float
     wasted_fraction_jit_user: float
     wasted_fraction_jit_transparent: float
+    # A sharded job with the memory tier (None unless asked for): its wasted fraction and its backstop's c.
+    wasted_fraction_sharded_memory_tier: Optional[float] = None
+    backstop_frequency_per_hour: Optional[float] = None
 
     @property
     def checkpoint_interval_s(self) -> float:
@@ -244,13 +294,17 @@ class PlanRow:
 
     def as_dict(self) -> dict[str, float | int]:
         """The row as the JSON object printed by ``jit-run plan --json``."""
-        return {
+        row: dict[str, float | int] = {
             "gpus": self.gpus,
             "optimal_frequency_per_hour": self.optimal_frequency_per_hour,
             "wasted_fraction_periodic": self.wasted_fraction_periodic,
             "wasted_fraction_jit_user": self.wasted_fraction_jit_user,
             "wasted_fraction_jit_transparent": self.wasted_fraction_jit_transparent,
         }
+        if self.wasted_fraction_sharded_memory_tier is not None and self.backstop_frequency_per_hour is not None:
+            row["wasted_fraction_sharded_memory_tier"] = self.wasted_fraction_sharded_memory_tier
+            row["backstop_frequency_per_hour"] = self.backstop_frequency_per_hour
+        return row
 
 
 def plan_row(
@@ -262,11 +316,23 @@ def plan_row(
     jit_overhead: float = 0.0,
     transparent_overhead: Optional[float] = None,
     checkpoint_stalls_job: bool = False,
+    sharded: Optional[tuple[float, float]] = None,
 ) -> PlanRow:
     """Compute c* and the three wasted fractions for one job size.
 
-    ``transparent_overhead`` defaults to ``jit_overhead``.
+    ``transparent_overhead`` defaults to ``jit_overhead``.  ``sharded``:
+    (snapshot overhead, unprotected fraction) of a sharded job's memory tier,
+    which adds its wasted fraction and its backstop's frequency.
     """
+    memory_tier = None
+    if sharded is not None:
+        snapshot_overhead, unprotected = sharded
+        memory_tier = (
+            wasted_fraction(wasted_time_per_unit_sharded_memory_tier(
+                n_gpus, failures_per_gpu_per_day, checkpoint_cost_s, restore_cost_s, minibatch_s,
+                snapshot_overhead, unprotected, jit_overhead)),
+            backstop_frequency_per_hour(n_gpus, failures_per_gpu_per_day, checkpoint_cost_s, unprotected),
+        )
     if transparent_overhead is None:
         transparent_overhead = jit_overhead
     return PlanRow(
@@ -287,4 +353,6 @@ def plan_row(
         wasted_fraction_jit_transparent=wasted_fraction_jit_transparent(
             n_gpus, failures_per_gpu_per_day, minibatch_s, transparent_overhead
         ),
+        wasted_fraction_sharded_memory_tier=None if memory_tier is None else memory_tier[0],
+        backstop_frequency_per_hour=None if memory_tier is None else memory_tier[1],
     )

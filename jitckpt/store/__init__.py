@@ -4,7 +4,9 @@
 - ``shard``: shard identity (``ParallelCoordinates``): which ranks are replicas, a value the interface uses;
 - ``base``: the interface (``CheckpointStore``, ``PendingCheckpoint``) and ``CheckpointInfo``;
 - ``selection``: which step a restarted rank loads (paper §3.3), for any tier;
-- ``disk``: ``DiskStore``, per-rank directories committed atomically with checksummed metadata.
+- ``disk``: ``DiskStore``, per-rank directories committed atomically with checksummed metadata;
+- ``memory``: ``MemoryStore``, the node's memory tier (snapshots of each rank's shard in host memory);
+- ``tiered``: ``TieredStore``, several tiers read as one (disk and memory).
 """
 
 from jitckpt.store.base import CheckpointInfo, CheckpointStore

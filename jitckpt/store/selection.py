@@ -76,6 +76,12 @@ def lost_shards(where: object, missing: list[int], infos: list[CheckpointInfo]) 
     )
 
 
+def _where(candidates: list[tuple]) -> str:
+    """The step's directory, or its directories in each tier holding it (disk, memory), in words."""
+    places = list(dict.fromkeys(str(path.parent) for path, _ in candidates))
+    return places[0] if len(places) == 1 else f"{places[0]} (and {', '.join(places[1:])})"
+
+
 def _own_copies(infos: list[CheckpointInfo], coords: ParallelCoordinates, where: object) -> list[CheckpointInfo]:
     """The checkpoints among ``infos`` that hold ``coords``'s own shard, its own rank's first."""
     world = infos[0].coords.world_size
@@ -120,7 +126,7 @@ def select(store: CheckpointStore, coords: ParallelCoordinates, allow_world_size
         candidates = list(store.replicas(listed))
         if not candidates:
             continue
-        where = candidates[0][0].parent
+        where = _where(candidates)
         world_sizes = {int(m["world_size"]) for _, m in candidates}
         if world_sizes != {coords.world_size} and not allow_world_size_change:
             raise CheckpointError(

@@ -202,6 +202,12 @@ class ParallelCoordinates:
             same &= sharding.holders(self.rank, self.world_size)
         return tuple(sorted(same))
 
+    def unreplicated_ranks(self) -> list[int]:
+        """The ranks of the job whose state no other rank holds a copy of (as far as these coordinates know)."""
+        if not self.sharding_known:
+            return [self.rank]
+        return [rank for rank in range(self.world_size) if len(self._peer(rank).replicas) == 1]
+
     def describe(self, rank: int | None = None) -> str:
         """In words, the state rank ``rank`` (default: this one) holds, as far as these coordinates know."""
         if rank is not None and rank != self.rank:

@@ -866,6 +866,8 @@ def _install_fault_hooks(runtime: JitRuntime) -> None:
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
     def pre_forward(module: Any, inputs: Any) -> None:
+        if runtime.memory_tier is not None:
+            runtime.memory_tier.at_forward(runtime)  # (the minibatch's start comes before a fault inside it)
         runtime.injector.maybe_fire("forward", runtime.step)
 
     backward_armed_for: set[int] = set()

@@ -33,8 +33,10 @@ from typing import Any, Callable, Iterator
 
 from jitckpt import config, eventlog, faults
 from jitckpt.jit_event import JitReason
-from jitckpt.store import CheckpointInfo, DiskStore, ParallelCoordinates
+from jitckpt.store import CheckpointInfo, CheckpointStore, DiskStore, ParallelCoordinates
+from jitckpt.store.tiered import TieredStore
 from jitckpt.worker import data_position, minibatch, module_buffers, private_rng, rng_state, save, sharding, shutdown, stash
+from jitckpt.worker.memory_snapshots import MemorySnapshots
 from jitckpt.worker.console import log, short_error
 
 SaveFunction = Callable[[str], Any]
@@ -58,12 +60,15 @@ class JitRuntime:
             pp_size=int(os.environ.get(config.ENV_PP_SIZE, "1")),
         )
         self.checkpoint_root = Path(os.environ.get(config.ENV_CHECKPOINT_DIR, config.DEFAULT_CHECKPOINT_DIR))
-        self.store = DiskStore(self.checkpoint_root)
+        shm_dir = os.environ.get(config.ENV_SHM_DIR)
+        self.shm_dir = Path(shm_dir) if shm_dir else None
+        # The node's memory tier (snapshots of shards with no replica), read as one more tier of the store.
+        self.memory_tier = MemorySnapshots.from_env(self.shm_dir, self.rank)
+        disk = DiskStore(self.checkpoint_root)
+        self.store: CheckpointStore = TieredStore(disk, self.memory_tier.store) if self.memory_tier else disk
         self.hang_timeout = config.env_float(config.ENV_HANG_TIMEOUT, config.DEFAULT_HANG_TIMEOUT)
         self.save_grace = config.env_float(config.ENV_SAVE_GRACE, config.DEFAULT_SAVE_GRACE)
         self.injector = faults.FaultInjector(faults.parse(os.environ.get(config.ENV_FAULT, "")), self.rank, self.attempt)
-        shm_dir = os.environ.get(config.ENV_SHM_DIR)
-        self.shm_dir = Path(shm_dir) if shm_dir else None
         self.stash = rng_state.RngStash(self.shm_dir, self.rank) if self.shm_dir else None
         self._rank_stashes: dict[str, stash.StepStash] = {}
         # After a resume: this rank's own stashed state of other kinds (stash.LOADER) for the resumed step.
@@ -279,6 +284,7 @@ class JitRuntime:
         self.step += 1
         self.phase = "forward"
         self.open_own_generators_window()
+        self.arm_memory_snapshot()
         save.note_minibatch_start()  # where a JIT save's side stream starts reading (CUDA only; else nothing)
         # (the pre-step hooks already stashed the RNG state this minibatch starts with)
         now = time.monotonic()
@@ -289,6 +295,11 @@ class JitRuntime:
             self._first_step_after_start = False
             eventlog.record("first_step_done", rank=self.rank, attempt=self.attempt, step=self.step, resumed_from=self.resumed_from)
         self._step_started = now
+
+    def arm_memory_snapshot(self) -> None:
+        """The memory tier snapshots this rank's shard at the first training forward of the minibatch that starts."""
+        if self.memory_tier is not None:
+            self.memory_tier.arm(self)
 
     def state_consistent(self) -> bool:
         """False while the optimizer phase has applied part of this minibatch's update (such a state is never saved)."""

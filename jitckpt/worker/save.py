@@ -133,14 +133,10 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         if resharded:
             log(f"{resharded} FSDP2 parameter group(s) were unsharded ({phase}): their shards, the state at the "
                 f"start of minibatch {step}, are what is saved")
-        _saving.active = True
-        try:
-            with off_the_blocked_stream():
-                rt.save_fn(str(pending.path))
-        finally:
-            _saving.active = False
+        with off_the_blocked_stream():
+            run_user_save(rt, pending)
         rt.injector.maybe_fire("save", step)
-        copied = _copy_stashes(rt, pending, step)
+        copied = copy_stashes(rt, pending, step)
         ddp_layout.write(pending)
         final = pending.commit(
             {
@@ -167,8 +163,20 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
     return config.JIT_SAVED_EXIT_CODE
 
 
-def _copy_stashes(rt: "JitRuntime", pending: PendingCheckpoint, step: int) -> dict[str, list[int]]:
-    """Copy every local rank's stashed state for ``step`` (dead ranks included) into the checkpoint, through the store.
+def run_user_save(rt: "JitRuntime", pending: PendingCheckpoint) -> None:
+    """The user's registered ``save(path)`` into ``pending`` (``in_jit_save()`` is True meanwhile)."""
+    assert rt.save_fn is not None
+    _saving.active = True
+    try:
+        rt.save_fn(str(pending.path))
+    finally:
+        _saving.active = False
+
+
+def copy_stashes(rt: "JitRuntime", pending: PendingCheckpoint, step: int,
+                 only_rank: int | None = None) -> dict[str, list[int]]:
+    """Copy every local rank's stashed state for ``step`` (dead ranks included; with ``only_rank``, that
+    rank's) into the checkpoint, through the store.
 
     Returns {kind: ranks copied}: the RNG states, and the data loaders'
     positions and seeds (``jitckpt.adapters.torchdata_loader``).
@@ -178,6 +186,8 @@ def _copy_stashes(rt: "JitRuntime", pending: PendingCheckpoint, step: int) -> di
         return copied
     for kind in stash.KINDS:
         for rank, path in stash.stashed_ranks(rt.shm_dir, kind).items():
+            if only_rank is not None and rank != only_rank:
+                continue
             payload = stash.read_stash(path).get(step)
             if payload is None:
                 continue

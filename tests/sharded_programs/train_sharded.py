@@ -7,6 +7,16 @@
 --mode zero   DDP with ZeroRedundancyOptimizer: parameters replicated,
               optimizer state sharded.
 
+--die RANK:STEP:WHERE:HOW[:ATTEMPT] (repeatable): rank RANK kills (HOW=kill,
+SIGKILL) or freezes (HOW=hang, SIGSTOP) itself inside minibatch STEP, from
+the script's own code: WHERE=forward (a forward pre-hook on the second
+layer), backward (a hook on the output's gradient), collective (FSDP2's
+gradient reduce-scatter, ``dist.reduce_scatter_single``; ZeRO's parameter
+broadcast after its local step), step (a post-hook of the local optimizer:
+inside ``optimizer.step()``, its own shard updated).  With
+--corrupt-own-snapshot it first flips a byte of its own newest snapshot in
+jitckpt's memory tier (``$JITCKPT_SHM_DIR/memory``).
+
 --backend, --device: gloo on CPU by default; ``--device cuda --backend nccl``
 (one GPU per rank) is what scripts/gpu-check.sh runs on two or more GPUs.
 
@@ -44,6 +54,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mode", choices=["fsdp", "hsdp", "zero"], required=True)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--fault", action="append", default=[], help="RANK:STEP:SIGNAL[:ATTEMPT]")
+    p.add_argument("--die", action="append", default=[], help="RANK:STEP:WHERE:HOW[:ATTEMPT]")
+    p.add_argument("--corrupt-own-snapshot", action="store_true")
     p.add_argument("--backend", default="gloo", help="torch.distributed backend (gloo, nccl, ncclorder)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: this rank's GPU (LOCAL_RANK)")
     return p.parse_args()
@@ -134,6 +146,57 @@ def maybe_fault(faults: list[str], rank: int, step: int) -> None:
             time.sleep(2)  # a preemption notice (TERM) takes effect by the next collective
 
 
+class Dying:
+    """The --die faults of this rank and attempt, fired from the script's own hooks (see the module docstring)."""
+
+    def __init__(self, specs: list[str], rank: int, corrupt: bool) -> None:
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.rank, self.corrupt, self.step = rank, corrupt, -1
+        self.armed: dict[tuple[int, str], str] = {}
+        for spec in specs:
+            fields = spec.split(":")
+            if int(fields[0]) == rank and (int(fields[4]) if len(fields) > 4 else 0) == attempt:
+                self.armed[(int(fields[1]), fields[2])] = fields[3]
+
+    def at(self, where: str) -> None:
+        how = self.armed.pop((self.step, where), None)
+        if how is None:
+            return
+        if self.corrupt:
+            self._corrupt_newest_snapshot()
+        print(f"rank {self.rank}: {how} myself in the {where} of minibatch {self.step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        time.sleep(1)
+
+    def _corrupt_newest_snapshot(self) -> None:
+        from pathlib import Path
+
+        memory = Path(os.environ["JITCKPT_SHM_DIR"]) / "memory"
+        newest = sorted(memory.glob(f"step-*/rank-{self.rank:05d}/state.pt"))[-1]
+        data = bytearray(newest.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        newest.write_bytes(bytes(data))
+        print(f"rank {self.rank}: flipped a byte of {newest}", flush=True)
+
+    def install(self, mode: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        model[2].register_forward_pre_hook(lambda module, args: self.at("forward"))
+        local = optimizer.optim if mode == "zero" else optimizer
+        local.register_step_post_hook(lambda opt, args, kwargs: self.at("step"))
+        name = "broadcast" if mode == "zero" else "reduce_scatter_single"
+        original = getattr(dist, name)
+
+        def collective(*args, **kwargs):
+            self.at("collective")
+            return original(*args, **kwargs)
+
+        setattr(dist, name, collective)
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        if out.requires_grad:
+            out.register_hook(lambda grad: self.at("backward"))
+        return out
+
+
 def parameters_sha256(model: nn.Module) -> str:
     """SHA-256 of the full parameters (gathers shards: call on every rank)."""
     digest = hashlib.sha256()
@@ -177,13 +240,15 @@ def main() -> None:
     model, optimizer = build(args.mode, world, device)
     progress = {"step": 0}
     start = use_jitckpt(args.mode, model, optimizer, progress)
+    dying = Dying(args.die, rank, args.corrupt_own_snapshot)
+    dying.install(args.mode, model.module if args.mode == "zero" else model, optimizer)
     loss_fn = nn.MSELoss()
     for step in range(start, args.steps):
-        progress["step"] = step
+        progress["step"] = dying.step = step
         maybe_fault(args.fault, rank, step)
         x, y = (t.to(device) for t in batch(step, rank))
         optimizer.zero_grad()
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(dying.output(model(x)), y)
         loss.backward()
         logged = loss.detach().clone()
         dist.all_reduce(logged)

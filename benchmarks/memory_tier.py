@@ -1,0 +1,86 @@
+"""What does the memory tier cost a sharded job when nothing fails?
+
+The same FSDP2 job (``sharded_job.py``: an MLP, every Linear ``fully_shard``-ed,
+Adam, gloo on CPU) three ways, interleaved rep by rep:
+
+- ``torchrun``: plain torchrun, no jitckpt;
+- ``jit-run, tier off``: jit-run with ``--memory-tier off`` (jitckpt's hooks, no snapshots);
+- ``jit-run, tier auto``: jit-run as a user runs it (FSDP2: a snapshot of each rank's shard
+  into host memory at every minibatch's start, by the job's own save).
+
+Prints per-step time (rank 0, after the warm-up; median [min, max] over the
+reps' medians), the ratio to plain torchrun, and the host memory the tier
+holds per rank (its two snapshots).  Machines are noisy: compare the ratios
+of one invocation only.
+
+    python benchmarks/memory_tier.py                 # ~3 min on 2 cores
+    python benchmarks/memory_tier.py --batch 512     # more compute per step
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+JOB = harness.BENCH_DIR / "sharded_job.py"
+VARIANTS = ("torchrun", "jit-run, tier off", "jit-run, tier auto")
+
+
+def command(variant: str, args: argparse.Namespace, ckpt: Path) -> list[str]:
+    job = ["--standalone", "--nproc_per_node", str(args.nproc), str(JOB), "--steps", str(args.steps),
+           "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch)]
+    if variant == "torchrun":
+        return harness.torchrun() + job
+    tier = "off" if variant.endswith("off") else "auto"
+    return harness.jit_run() + ["--checkpoint-dir", str(ckpt), "--memory-tier", tier, "torchrun"] + job
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--log-dir", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    args = p.parse_args()
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="bench-memtier-"))
+    harness.log(f"logs in {log_dir}")
+    steps: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    memory: list[dict] = []
+    for rep in range(args.reps):
+        for variant in VARIANTS:
+            name = f"{variant.replace(', ', '-').replace(' ', '-')}-{rep}"
+            run = harness.require_ok(harness.run_job(name, command(variant, args, log_dir / f"ckpt-{name}"), log_dir))
+            steps[variant].append(statistics.median(run.one("steps")["seconds"]))
+            if variant.endswith("auto"):
+                memory += run.of("memory")
+            harness.log(f"{name}: {1000 * steps[variant][-1]:.1f} ms per step")
+    base = statistics.median(steps["torchrun"])
+    rows = [[v, harness.spread([1000 * s for s in steps[v]], "{:.1f}"), f"{statistics.median(steps[v]) / base:.3f}x"]
+            for v in VARIANTS]
+    print(f"\n{harness.machine_summary()}")
+    print(f"FSDP2 MLP {args.layers}x{args.hidden}, batch {args.batch}, {args.nproc} ranks, gloo, "
+          f"{args.steps} steps ({args.reps} reps, interleaved)\n")
+    print(harness.table(["variant", "ms per step, median [min, max]", "vs torchrun"], rows))
+    if memory:
+        newest = statistics.median(m["newest"] for m in memory)
+        held = statistics.median(m["total"] for m in memory)
+        print(f"\nmemory tier, per rank: one snapshot {newest / 2**20:.1f} MiB, held {held / 2**20:.1f} MiB "
+              f"({statistics.median(m['snapshots'] for m in memory):.0f} snapshots)")
+    if args.json:
+        args.json.write_text(json.dumps({"steps": steps, "memory": memory, "args": vars(args) | {
+            "log_dir": str(log_dir), "json": str(args.json)}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

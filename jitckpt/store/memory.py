@@ -1,0 +1,76 @@
+"""The memory tier's store: rank checkpoints in the node's shared memory, two per rank (DESIGN decision 12).
+
+A ``MemoryStore`` is a ``DiskStore`` rooted at ``<run shm dir>/memory`` on
+the host's shared memory (``/dev/shm``): the same layout (``step-N/rank-R``),
+metadata and checksums written last, atomic commit.  It belongs to the node,
+not to the worker that wrote it, so it outlives a restart of the workers, as
+the per-rank stash does.  The workers' snapshots (``jitckpt.worker.
+memory_snapshots``) go here; the selection reads it beside the disk
+(``jitckpt.store.tiered``).
+
+Two per rank, alternating (Deadpool's ping-pong buffers): each rank keeps
+the snapshot of the current minibatch and of the previous one; ``prune_rank``
+removes older ones once a new one is committed, so a failure while a
+snapshot is written always leaves the previous one whole.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from jitckpt.store.disk import DiskStore, rank_dir_name, step_dir
+
+SUBDIR = "memory"
+KEEP = 2  # the current minibatch's snapshot and the previous one
+_PARTIAL = re.compile(r"^\.(rank-\d+)\.partial-(\d+)$")
+
+
+def memory_root(shm_dir: str | os.PathLike) -> Path:
+    """Where the memory tier of the run whose shared-memory directory is ``shm_dir`` keeps its snapshots."""
+    return Path(shm_dir) / SUBDIR
+
+
+def is_memory_copy(path: Path) -> bool:
+    """True for a rank checkpoint directory that lies in a memory tier (a snapshot)."""
+    return Path(path).parent.parent.name == SUBDIR
+
+
+class MemoryStore(DiskStore):
+    """A node's memory tier (see the module docstring)."""
+
+    def __init__(self, shm_dir: str | os.PathLike) -> None:
+        super().__init__(memory_root(shm_dir))
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({str(self.root)!r})"
+
+    def prune_rank(self, rank: int, current: int, drop_later: bool = False) -> None:
+        """Remove ``rank``'s snapshots older than minibatch ``current - 1``, its partial ones left by other
+        processes, and with ``drop_later`` those after ``current`` (left by a timeline a failure cut short).
+
+        Only steps it removes something from are removed when empty: never a step another rank may be
+        creating (ranks are at most one minibatch apart, and only older and later ones go).
+        """
+        own = rank_dir_name(rank)
+        for step in self.list_steps():
+            here = step_dir(self.root, step)
+            for entry in _entries(here):
+                match = _PARTIAL.match(entry.name)
+                if match and match.group(1) == own and int(match.group(2)) != os.getpid():
+                    shutil.rmtree(entry, ignore_errors=True)
+            if step < current - (KEEP - 1) or (drop_later and step > current):
+                shutil.rmtree(here / own, ignore_errors=True)
+                try:
+                    here.rmdir()  # (once no rank has anything left there)
+                except OSError:
+                    pass
+
+
+def _entries(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except OSError:
+        return []

@@ -1,0 +1,183 @@
+"""Per-minibatch snapshots of this rank's shard in host memory: the worker's side of the memory tier.
+
+A JIT save needs a healthy replica of every shard.  In a sharded job (FSDP2,
+ZeroRedundancyOptimizer) a rank's shard has none: when the rank dies, nobody
+can save its state.  So every rank snapshots its own state, as of the start
+of each minibatch, into the node's memory tier (``jitckpt.store.memory``:
+host shared memory that outlives the workers, two snapshots per rank), and
+the selection reads the snapshots as one more tier (``jitckpt.store.tiered``):
+the lost rank's shard comes back in the format its own load reads, from its
+own ``save(path)``.
+
+When.  At the first training forward of every minibatch (a one-shot global
+module forward pre-hook, armed when the previous minibatch's optimizer step
+ends, and when the script asks for its checkpoint): the state is then that of
+the start of the minibatch, and the script is inside the minibatch, exactly
+where a JIT save during its forward or backward would find it, so the user's
+own ``save(path)`` writes what such a JIT save writes (the parameters and
+optimizer state the previous step left, the script's own step counter and
+loader state for this minibatch).  A forward with gradients off (an
+evaluation between minibatches) is not a minibatch's start and takes none.
+
+Which jobs.  ``auto`` (the default): jobs where some rank's state has no
+copy on another rank (FSDP2, ZeroRedundancyOptimizer), decided from the
+shard identity once the first optimizer exists; a DDP or HSDP job takes
+none.  ``on``: every job.  ``off``: none (a lost shard then means the newest
+checkpoint that covers every shard, often a fresh start).
+
+What it costs.  One run of the user's save into memory per minibatch, on the
+training thread, not overlapped with training (the save reads state that the
+next forward may swap, FSDP2's unsharded parameters); its time and size are
+printed once, and rank 0 warns when it exceeds a tenth of a minibatch.  A
+snapshot that fails turns the tier off for this worker with a message; it
+never stops training.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jitckpt import config, eventlog
+from jitckpt.store.memory import MemoryStore
+from jitckpt.worker import ddp_layout, save, sharding, stash
+from jitckpt.worker.console import log
+
+if TYPE_CHECKING:
+    from jitckpt.worker.runtime import JitRuntime
+
+_COSTLY = 0.10  # a snapshot taking more than this fraction of a minibatch is worth a warning
+
+
+class MemorySnapshots:
+    """This worker's snapshots into the node's memory tier (see the module docstring)."""
+
+    def __init__(self, shm_dir: Path, rank: int, mode: str = config.DEFAULT_MEMORY_TIER) -> None:
+        if mode not in config.MEMORY_TIER_MODES:
+            raise ValueError(f"{config.ENV_MEMORY_TIER} must be one of {', '.join(config.MEMORY_TIER_MODES)} "
+                             f"(got {mode!r})")
+        self.store = MemoryStore(shm_dir)
+        self.root = self.store.root
+        self.rank = rank
+        self.mode = mode
+        self.needed: bool | None = None if mode == "auto" else mode == "on"
+        self.failed = False
+        self.taken = 0
+        self.seconds = 0.0
+        self.bytes = 0
+        self._hook: Any = None
+        self._pruned_future = False
+        self._warned_cost = False
+
+    @classmethod
+    def from_env(cls, shm_dir: Path | None, rank: int) -> "MemorySnapshots | None":
+        """The tier as jit-run configured it, or None (no shared-memory directory, or ``off``)."""
+        mode = os.environ.get(config.ENV_MEMORY_TIER, config.DEFAULT_MEMORY_TIER)
+        if shm_dir is None or mode == "off":
+            return None
+        return cls(shm_dir, rank, mode)
+
+    # ----- when ----------------------------------------------------------------------
+
+    def arm(self, rt: "JitRuntime") -> None:
+        """Minibatch ``rt.step`` is about to start: snapshot at its first training forward."""
+        if self._hook is not None or self.failed or self.needed is False:
+            return
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self._hook = register_module_forward_pre_hook(lambda module, args: self._first_forward(rt))
+
+    def _disarm(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def at_forward(self, rt: "JitRuntime") -> None:
+        """A module forward starts: the snapshot now, if one is due (jit-run's ``--fault`` forward phase
+        fires after it, as a fault inside the forward computation would)."""
+        if self._hook is not None:
+            self._first_forward(rt)
+
+    def _first_forward(self, rt: "JitRuntime") -> None:
+        import torch
+
+        if not torch.is_grad_enabled():
+            return  # an evaluation forward between minibatches: not a minibatch's start
+        self._disarm()
+        self.take(rt)
+
+    # ----- what ----------------------------------------------------------------------
+
+    def _decide(self, rt: "JitRuntime") -> bool | None:
+        """Whether this job needs snapshots (``auto``): once the first optimizer exists; None before."""
+        if self.needed is not None:
+            return self.needed
+        if not sharding.optimizers():
+            return None
+        coords = sharding.refresh(rt)
+        alone = coords.unreplicated_ranks()
+        self.needed = bool(alone)
+        if self.needed and rt.rank == 0:
+            log(f"memory tier: the state of rank(s) {', '.join(map(str, alone[:8]))}{' ...' if len(alone) > 8 else ''} "
+                f"has no copy on another rank; every rank's shard is snapshotted into host memory ({self.root}) at "
+                f"the start of every minibatch [{config.ENV_MEMORY_TIER}=off turns this off]")
+        return self.needed
+
+    def take(self, rt: "JitRuntime") -> Path | None:
+        """Snapshot this rank's state as of the start of minibatch ``rt.step``; None if none was taken."""
+        if rt.save_fn is None or self.failed or rt.jit_event_started() or not self._decide(rt):
+            return None
+        step = rt.step
+        started = time.perf_counter()
+        pending = None
+        try:
+            pending = self.store.begin_save(step, rt.coords)
+            save.run_user_save(rt, pending)
+            rt.injector.maybe_fire("snapshot", step)
+            copied = save.copy_stashes(rt, pending, step, only_rank=rt.rank)
+            ddp_layout.write(pending)
+            final = pending.commit({
+                "reason": "memory-tier snapshot",
+                "saved_state": f"start of minibatch {step}",
+                "attempt": rt.attempt,
+                "rng_ranks": copied[stash.RNG],
+                "loader_ranks": copied[stash.LOADER],
+            })
+        except Exception as exc:  # never stop training: the tier is off for this worker, and it says so
+            if pending is not None:
+                pending.abandon()
+            self.failed = True
+            self._disarm()
+            log(f"memory tier off for rank {rt.rank}: the snapshot of minibatch {step} failed "
+                f"({type(exc).__name__}: {exc}); a lost shard of this rank falls back to the newest checkpoint "
+                f"that covers every shard")
+            eventlog.record("memory_snapshot_failed", rank=rt.rank, attempt=rt.attempt, step=step,
+                            error=f"{type(exc).__name__}: {exc}")
+            return None
+        seconds = time.perf_counter() - started
+        self._prune(step)
+        self._account(rt, final, step, seconds)
+        return final
+
+    def _account(self, rt: "JitRuntime", final: Path, step: int, seconds: float) -> None:
+        self.taken += 1
+        self.seconds += seconds
+        self.bytes = sum(f.stat().st_size for f in final.rglob("*") if f.is_file())
+        if self.taken == 1:
+            log(f"memory tier: snapshot of minibatch {step} in {seconds * 1000:.1f} ms, {self.bytes / 1024:.0f} KiB")
+            eventlog.record("memory_snapshot", rank=rt.rank, attempt=rt.attempt, step=step, seconds=seconds,
+                            bytes=self.bytes, path=str(final))
+        minibatch = rt.mean_minibatch_seconds()
+        mean = self.seconds / self.taken
+        if rt.rank == 0 and not self._warned_cost and self.taken >= 5 and minibatch and mean > _COSTLY * minibatch:
+            self._warned_cost = True
+            log(f"warning: memory tier snapshots take {mean * 1000:.1f} ms, {100 * mean / minibatch:.0f}% of a "
+                f"minibatch ({minibatch * 1000:.1f} ms): the user's save runs once per minibatch into host memory; "
+                f"{config.ENV_MEMORY_TIER}=off (jit-run --memory-tier off) turns the snapshots off")
+
+    def _prune(self, current: int) -> None:
+        """Two snapshots per rank; the first one of this worker also drops those after ``current``."""
+        self.store.prune_rank(self.rank, current, drop_later=not self._pruned_future)
+        self._pruned_future = True

@@ -1,0 +1,245 @@
+"""The memory tier (jitckpt.worker.memory_snapshots, jitckpt.store.memory): a sharded job that loses a rank resumes from host-memory snapshots.
+
+Real torchrun jobs over gloo, from the user's side
+(tests/sharded_programs/train_sharded.py): the faults are the script's own
+(``--die RANK:STEP:WHERE:HOW``: a forward pre-hook, a gradient hook, a wrapper
+around the reduce-scatter or ZeRO's broadcast, an optimizer post-hook), never
+jitckpt's hooks, but for the one fault inside jitckpt's own snapshot.  Each
+job must end with parameters bit-for-bit equal to a fault-free run without
+jit-run, resume at the minibatch the lost rank was in, and take the lost
+rank's shard from memory.
+
+Before the memory tier every one of these jobs started afresh from minibatch 0
+("no surviving copy of the shard of rank 1 ..."), and a frozen FSDP2 rank
+ended the job with no result; tests/test_sharded.py keeps that fallback
+covered with ``--memory-tier off``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, reference_sha, run_jit
+from jitckpt.store.memory import is_memory_copy, memory_root
+from jitckpt.worker.memory_snapshots import MemorySnapshots
+from jitckpt.store import CheckpointError, DiskStore, ParallelCoordinates, select
+from jitckpt.store.shard import Sharding
+from jitckpt.store.tiered import TieredStore
+
+PROGRAM = REPO / "tests" / "sharded_programs" / "train_sharded.py"
+STEPS = 10
+RESUMING = re.compile(r"^\[jitckpt rank (\d+)\] resuming from minibatch (\d+): (\S+)( \(a snapshot in host memory)?",
+                      re.M)
+
+
+def fault_free(mode: str, nproc: int) -> str:
+    """Final-parameter hash of the job under plain torchrun (no jit-run), computed once per test run."""
+    return reference_sha(nproc, ["--mode", mode, "--steps", str(STEPS)], PROGRAM)
+
+
+def run(tmp_path: Path, mode: str, nproc: int, *args: str, jit_options: list[str] | None = None):
+    return run_jit(tmp_path / "ckpt", nproc=nproc, script=PROGRAM, jit_options=jit_options,
+                   args=["--mode", mode, "--steps", str(STEPS), *args])
+
+
+def resumes(output: str) -> dict[int, tuple[int, bool]]:
+    """rank -> (minibatch resumed from, whether from the memory tier), for the last resume of each rank."""
+    return {int(rank): (int(step), bool(memory)) for rank, step, _, memory in RESUMING.findall(output)}
+
+
+def check_bit_exact(result, expected: str) -> None:
+    assert result.returncode == 0, result.output[-5000:]
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-5000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("die, resumed_at", [
+    ("1:5:forward:kill", 5),     # inside the forward: its snapshot of minibatch 5 was taken before it
+    ("2:5:backward:hang", 5),    # frozen in backward: the peers save 5, rank 2's shard comes from memory
+    ("1:5:step:kill", 5),        # inside optimizer.step(): the peers finish 5 and save 6, rank 1 never did
+], ids=["kill-in-forward", "hang-in-backward", "kill-in-optimizer-step"])
+def test_fsdp_rank_lost_resumes_from_memory_bit_exact(tmp_path, die, resumed_at):
+    expected = fault_free("fsdp", 3)
+    result = run(tmp_path, "fsdp", 3, "--die", die)
+    check_bit_exact(result, expected)
+    lost = int(die.split(":")[0])
+    done = resumes(result.output)
+    assert sorted(done) == [0, 1, 2] and {step for step, _ in done.values()} == {resumed_at}, done
+    assert done[lost][1], f"rank {lost}'s shard did not come from the memory tier: {done}"
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == resumed_at and not failure["restarted_fresh"], failure
+    assert lost in failure["memory_tier_ranks"], failure
+    # minibatches redone, as the report counts them: from the resumed one to the furthest one a rank was in.
+    # Killed inside its optimizer step, the lost rank never finished minibatch 5 while its peers went on
+    # into 6: 5 is the one completed minibatch redone, 6 was in progress.
+    assert failure["minibatches_redone"] == (2 if "step" in die else 1), failure
+    lost_lines = [line for line in result.output.splitlines() if "no surviving copy" in line]
+    if "step" in die:  # the peers' JIT saves of minibatch 6 lack rank 1's shard: said, and passed over
+        assert lost_lines and all("step-00000006" in line and "shard of rank 1 " in line for line in lost_lines), \
+            lost_lines
+    else:
+        assert not lost_lines, lost_lines
+
+
+@pytest.mark.slow
+def test_zero_rank_killed_inside_the_step_resumes_from_memory_bit_exact(tmp_path):
+    """ZeroRedundancyOptimizer: killed in the parameter broadcast after its local step; its peers, mid-step
+    themselves, cannot save at all (their state is half-applied), so every shard comes from memory."""
+    expected = fault_free("zero", 3)
+    result = run(tmp_path, "zero", 3, "--die", "2:5:collective:kill")
+    check_bit_exact(result, expected)
+    done = resumes(result.output)
+    assert done == {0: (5, True), 1: (5, True), 2: (5, True)}, done
+    (failure,) = result.report["failures"]
+    assert failure["saves"] == [] and failure["memory_tier_ranks"] == [0, 1, 2], failure
+    assert failure["minibatches_redone"] == 1, failure
+
+
+@pytest.mark.slow
+def test_a_corrupted_snapshot_is_detected_and_the_previous_one_used(tmp_path):
+    """Rank 1 flips a byte of its newest snapshot, then dies in the reduce-scatter: its copy of minibatch 5
+    fails its checksum, so every rank resumes from the previous snapshot (minibatch 4), bit-exact."""
+    expected = fault_free("fsdp", 3)
+    result = run(tmp_path, "fsdp", 3, "--die", "1:5:collective:kill", "--corrupt-own-snapshot")
+    check_bit_exact(result, expected)
+    assert re.search(r"^\[jitckpt rank 1\] warning: skipping checkpoint: \S+/memory/step-00000005/rank-00001: "
+                     r"file state.pt fails its \S+ checksum \(corrupt\)$", result.output, re.M), result.output[-4000:]
+    assert resumes(result.output) == {0: (4, True), 1: (4, True), 2: (4, True)}, result.output[-4000:]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_during_its_own_snapshot_keeps_the_previous_one(tmp_path):
+    """Killed while its snapshot of minibatch 5 is being written (jitckpt's own fault point, the only place
+    such a fault can be put): the half-written one is never used, the one of minibatch 4 is."""
+    expected = fault_free("fsdp", 3)
+    result = run(tmp_path, "fsdp", 3, jit_options=["--fault", "rank=0,step=5,phase=snapshot,kind=kill"])
+    check_bit_exact(result, expected)
+    assert "injecting fault rank=0,step=5,phase=snapshot,kind=kill" in result.output, result.output[-4000:]
+    done = resumes(result.output)
+    assert {step for step, _ in done.values()} == {4} and done[0][1], done
+
+
+@pytest.mark.slow
+def test_hsdp_losing_both_copies_of_a_shard_needs_the_tier_on(tmp_path):
+    """HSDP (2 x 2): ranks 1 and 3 hold the same shard, so the default (auto) takes no snapshots (a JIT save
+    of the other replica covers one loss: tests/test_sharded.py).  With --memory-tier on, both frozen in
+    backward at once still resume bit-exact, their shard from memory."""
+    expected = fault_free("hsdp", 4)
+    result = run(tmp_path, "hsdp", 4, "--die", "1:5:backward:hang", "--die", "3:5:backward:hang",
+                 jit_options=["--memory-tier", "on"])
+    check_bit_exact(result, expected)
+    done = resumes(result.output)
+    assert {step for step, _ in done.values()} == {5} and done[1][1] and done[3][1], done
+    meta = json.loads(next((tmp_path / "ckpt").glob("step-00000005/rank-00000/jitckpt-meta.json")).read_text())
+    assert meta["replicas"] == "0,2", meta  # the healthy ranks' JIT saves are on disk as before
+
+
+# ----- the pieces, without a job ---------------------------------------------------------------------
+
+
+def _commit(store, step: int, coords: ParallelCoordinates, payload: bytes = b"state") -> Path:
+    pending = store.begin_save(step, coords)
+    (pending.path / "state.pt").write_bytes(payload)
+    return pending.commit({"saved_state": f"start of minibatch {step}"})
+
+
+def _fsdp(rank: int, world: int = 3) -> ParallelCoordinates:
+    shard = Sharding("parameters (FSDP2/DTensor)", (world,), tuple(range(world)), (0,))
+    return ParallelCoordinates.from_layout(rank, world).with_sharding([shard])
+
+
+def test_unreplicated_ranks_follow_the_layout():
+    assert _fsdp(0).unreplicated_ranks() == [0, 1, 2]
+    assert ParallelCoordinates.from_layout(1, 4).with_sharding([]).unreplicated_ranks() == []  # DDP: replicas
+    hsdp = Sharding("parameters (FSDP2/DTensor)", (2, 2), (0, 1, 2, 3), (1,))
+    assert ParallelCoordinates.from_layout(0, 4).with_sharding([hsdp]).unreplicated_ranks() == []
+    assert ParallelCoordinates.from_layout(2, 3).with_sharding([], known=False).unreplicated_ranks() == [2]
+
+
+def test_a_step_is_complete_across_tiers_and_a_rank_takes_its_own_copy(tmp_path):
+    disk, memory = DiskStore(tmp_path / "disk"), DiskStore(memory_root(tmp_path / "shm"))
+    store = TieredStore(disk, memory)
+    for rank in (0, 2):  # the healthy ranks' JIT saves of minibatch 5
+        _commit(disk, 5, _fsdp(rank))
+    assert select(DiskStore(tmp_path / "disk"), _fsdp(1)) is None  # rank 1's shard: nowhere on disk
+    lost = _commit(memory, 5, _fsdp(1), b"rank 1's shard")
+    assert store.list_steps() == [5]
+    info = select(store, _fsdp(1))
+    assert info is not None and info.path == lost and is_memory_copy(info.path)
+    assert (info.path / "state.pt").read_bytes() == b"rank 1's shard"
+    assert not is_memory_copy(select(store, _fsdp(0)).path)  # the JIT save first, where there is one
+    (lost / "state.pt").write_bytes(b"rank 1's shaRd")  # corrupt: never loaded
+    with pytest.raises(CheckpointError, match="fails its .* checksum"):
+        store.verify(lost)
+    assert select(store, _fsdp(1)) is None
+
+
+class _Runtime:
+    """What MemorySnapshots.take needs of the worker runtime."""
+
+    def __init__(self, rank: int, shm: Path) -> None:
+        from jitckpt import faults
+
+        self.rank, self.step, self.attempt, self.shm_dir = rank, 0, 0, shm
+        self.coords = _fsdp(rank)
+        self.injector = faults.FaultInjector([], rank, 0)
+        self.saved: list[int] = []
+
+    def save_fn(self, path: str) -> None:
+        Path(path, "state.pt").write_bytes(f"minibatch {self.step}".encode())
+        self.saved.append(self.step)
+
+    def jit_event_started(self) -> bool:
+        return False
+
+    def mean_minibatch_seconds(self) -> float | None:
+        return None
+
+
+def test_two_snapshots_per_rank_alternate(tmp_path, monkeypatch):
+    from jitckpt.worker import sharding
+
+    monkeypatch.setattr(sharding, "refresh", lambda rt: rt.coords)
+    monkeypatch.setattr(sharding, "optimizers", lambda: [object()])
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    tiers = [MemorySnapshots(shm, rank) for rank in (0, 1)]
+    runtimes = [_Runtime(rank, shm) for rank in (0, 1)]
+    for step in range(4):
+        for tier, rt in zip(tiers, runtimes):
+            rt.step = step
+            assert tier.take(rt) is not None
+    store = DiskStore(memory_root(shm))
+    assert store.list_steps() == [3, 2]  # the current minibatch's and the previous one's
+    assert sorted(p.name for p in (memory_root(shm) / "step-00000002").iterdir()) == ["rank-00000", "rank-00001"]
+    # a restart at minibatch 2 (the other snapshots' timeline was cut short): the first snapshot drops 3
+    again = MemorySnapshots(shm, 0)
+    runtimes[0].step = 2
+    again.take(runtimes[0])
+    assert sorted(p.name for p in (memory_root(shm) / "step-00000003").iterdir()) == ["rank-00001"]
+    with pytest.raises(ValueError, match="must be one of auto, on, off"):
+        MemorySnapshots(shm, 0, "sometimes")
+
+
+def test_a_failing_save_turns_the_tier_off_without_stopping_training(tmp_path, monkeypatch, capsys):
+    from jitckpt.worker import sharding
+
+    monkeypatch.setattr(sharding, "refresh", lambda rt: rt.coords)
+    monkeypatch.setattr(sharding, "optimizers", lambda: [object()])
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    tier, rt = MemorySnapshots(shm, 0), _Runtime(0, shm)
+
+    def broken(path: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    rt.save_fn = broken
+    assert tier.take(rt) is None and tier.failed
+    assert "memory tier off for rank 0: the snapshot of minibatch 0 failed (OSError: [Errno 28] No space left" \
+        in capsys.readouterr().err
+    assert DiskStore(memory_root(shm)).list_steps() in ([], [0])
+    assert not list(memory_root(shm).rglob("state.pt"))  # the partial one is gone
