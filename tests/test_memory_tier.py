@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, reference_sha, run_jit
-from jitckpt.store.memory import is_memory_copy, memory_root
+from jitckpt.store.memory import MemoryStore, memory_root
 from jitckpt.worker.memory_snapshots import MemorySnapshots
 from jitckpt.store import CheckpointError, DiskStore, ParallelCoordinates, select
 from jitckpt.store.shard import Sharding
@@ -57,15 +57,17 @@ def check_bit_exact(result, expected: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("die, resumed_at", [
-    ("1:5:forward:kill", 5),     # inside the forward: its snapshot of minibatch 5 was taken before it
-    ("2:5:backward:hang", 5),    # frozen in backward: the peers save 5, rank 2's shard comes from memory
-    ("1:5:step:kill", 5),        # inside optimizer.step(): the peers finish 5 and save 6, rank 1 never did
-], ids=["kill-in-forward", "hang-in-backward", "kill-in-optimizer-step"])
-def test_fsdp_rank_lost_resumes_from_memory_bit_exact(tmp_path, die, resumed_at):
+@pytest.mark.parametrize("fault, resumed_at, redone", [
+    (["--die", "1:5:forward:kill"], 5, 1),   # inside the forward: its snapshot of minibatch 5 was taken before it
+    (["--die", "2:5:backward:hang"], 5, 1),  # frozen in backward: the peers save 5, rank 2's shard comes from memory
+    (["--die", "1:5:step:kill"], 5, 2),      # inside optimizer.step(): the peers finish 5 and save 6, rank 1 never did
+    (["--fault", "1:5:KILL"], 4, 2),         # between two minibatches, before its snapshot of 5: the one of 4
+], ids=["kill-in-forward", "hang-in-backward", "kill-in-optimizer-step", "kill-between-minibatches"])
+def test_fsdp_rank_lost_resumes_from_memory_bit_exact(tmp_path, fault, resumed_at, redone):
     expected = fault_free("fsdp", 3)
-    result = run(tmp_path, "fsdp", 3, "--die", die)
+    result = run(tmp_path, "fsdp", 3, *fault)
     check_bit_exact(result, expected)
+    die = fault[1]
     lost = int(die.split(":")[0])
     done = resumes(result.output)
     assert sorted(done) == [0, 1, 2] and {step for step, _ in done.values()} == {resumed_at}, done
@@ -75,12 +77,13 @@ def test_fsdp_rank_lost_resumes_from_memory_bit_exact(tmp_path, die, resumed_at)
     assert lost in failure["memory_tier_ranks"], failure
     # minibatches redone, as the report counts them: from the resumed one to the furthest one a rank was in.
     # Killed inside its optimizer step, the lost rank never finished minibatch 5 while its peers went on
-    # into 6: 5 is the one completed minibatch redone, 6 was in progress.
-    assert failure["minibatches_redone"] == (2 if "step" in die else 1), failure
+    # into 6: 5 is the one completed minibatch redone, 6 was in progress.  Killed before its first forward
+    # of 5, its newest snapshot is of 4: 4 is redone, 5 was in progress.
+    assert failure["minibatches_redone"] == redone, failure
     lost_lines = [line for line in result.output.splitlines() if "no surviving copy" in line]
-    if "step" in die:  # the peers' JIT saves of minibatch 6 lack rank 1's shard: said, and passed over
-        assert lost_lines and all("step-00000006" in line and "shard of rank 1 " in line for line in lost_lines), \
-            lost_lines
+    if redone == 2:  # the peers' JIT saves of the minibatch they were in lack rank 1's shard: said, passed over
+        saved = f"step-{resumed_at + 1:08d}"
+        assert lost_lines and all(saved in line and "shard of rank 1 " in line for line in lost_lines), lost_lines
     else:
         assert not lost_lines, lost_lines
 
@@ -97,6 +100,21 @@ def test_zero_rank_killed_inside_the_step_resumes_from_memory_bit_exact(tmp_path
     (failure,) = result.report["failures"]
     assert failure["saves"] == [] and failure["memory_tier_ranks"] == [0, 1, 2], failure
     assert failure["minibatches_redone"] == 1, failure
+
+
+@pytest.mark.slow
+def test_a_job_out_of_restarts_keeps_the_lost_shard_on_disk_and_a_rerun_resumes_from_it(tmp_path):
+    """--max-restarts 0: the job ends failed, and its memory tier with it; jit-run first copies rank 1's snapshot
+    beside the peers' JIT checkpoints, so that rerunning the same command resumes at minibatch 5, bit-exact."""
+    expected = fault_free("fsdp", 3)
+    args = ["--mode", "fsdp", "--steps", str(STEPS)]
+    failed = run_jit(tmp_path / "ckpt", nproc=3, max_restarts=0, script=PROGRAM, args=[*args, "--die", "1:5:backward:kill"])
+    assert failed.returncode != 0, failed.output[-3000:]
+    assert (f"kept the memory tier's snapshots of minibatch 5 (rank-00001) in {tmp_path / 'ckpt'}: with the JIT "
+            f"checkpoints there they cover every shard") in failed.output, failed.output[-3000:]
+    rerun = run_jit(tmp_path / "ckpt", nproc=3, max_restarts=0, script=PROGRAM, args=args)
+    check_bit_exact(rerun, expected)
+    assert resumes(rerun.output) == {0: (5, False), 1: (5, False), 2: (5, False)}, rerun.output[-3000:]
 
 
 @pytest.mark.slow
@@ -161,7 +179,7 @@ def test_unreplicated_ranks_follow_the_layout():
 
 
 def test_a_step_is_complete_across_tiers_and_a_rank_takes_its_own_copy(tmp_path):
-    disk, memory = DiskStore(tmp_path / "disk"), DiskStore(memory_root(tmp_path / "shm"))
+    disk, memory = DiskStore(tmp_path / "disk"), MemoryStore(tmp_path / "shm")
     store = TieredStore(disk, memory)
     for rank in (0, 2):  # the healthy ranks' JIT saves of minibatch 5
         _commit(disk, 5, _fsdp(rank))
@@ -169,9 +187,9 @@ def test_a_step_is_complete_across_tiers_and_a_rank_takes_its_own_copy(tmp_path)
     lost = _commit(memory, 5, _fsdp(1), b"rank 1's shard")
     assert store.list_steps() == [5]
     info = select(store, _fsdp(1))
-    assert info is not None and info.path == lost and is_memory_copy(info.path)
+    assert info is not None and info.path == lost and memory.holds(info.path)
     assert (info.path / "state.pt").read_bytes() == b"rank 1's shard"
-    assert not is_memory_copy(select(store, _fsdp(0)).path)  # the JIT save first, where there is one
+    assert not memory.holds(select(store, _fsdp(0)).path)  # the JIT save first, where there is one
     (lost / "state.pt").write_bytes(b"rank 1's shaRd")  # corrupt: never loaded
     with pytest.raises(CheckpointError, match="fails its .* checksum"):
         store.verify(lost)
@@ -207,7 +225,7 @@ def test_two_snapshots_per_rank_alternate(tmp_path, monkeypatch):
     monkeypatch.setattr(sharding, "optimizers", lambda: [object()])
     shm = tmp_path / "shm"
     shm.mkdir()
-    tiers = [MemorySnapshots(shm, rank) for rank in (0, 1)]
+    tiers = [MemorySnapshots(shm, rank, "on") for rank in (0, 1)]
     runtimes = [_Runtime(rank, shm) for rank in (0, 1)]
     for step in range(4):
         for tier, rt in zip(tiers, runtimes):
@@ -217,7 +235,7 @@ def test_two_snapshots_per_rank_alternate(tmp_path, monkeypatch):
     assert store.list_steps() == [3, 2]  # the current minibatch's and the previous one's
     assert sorted(p.name for p in (memory_root(shm) / "step-00000002").iterdir()) == ["rank-00000", "rank-00001"]
     # a restart at minibatch 2 (the other snapshots' timeline was cut short): the first snapshot drops 3
-    again = MemorySnapshots(shm, 0)
+    again = MemorySnapshots(shm, 0, "on")
     runtimes[0].step = 2
     again.take(runtimes[0])
     assert sorted(p.name for p in (memory_root(shm) / "step-00000003").iterdir()) == ["rank-00001"]
@@ -232,7 +250,7 @@ def test_a_failing_save_turns_the_tier_off_without_stopping_training(tmp_path, m
     monkeypatch.setattr(sharding, "optimizers", lambda: [object()])
     shm = tmp_path / "shm"
     shm.mkdir()
-    tier, rt = MemorySnapshots(shm, 0), _Runtime(0, shm)
+    tier, rt = MemorySnapshots(shm, 0, "on"), _Runtime(0, shm)
 
     def broken(path: str) -> None:
         raise OSError(28, "No space left on device")
@@ -243,3 +261,61 @@ def test_a_failing_save_turns_the_tier_off_without_stopping_training(tmp_path, m
         in capsys.readouterr().err
     assert DiskStore(memory_root(shm)).list_steps() in ([], [0])
     assert not list(memory_root(shm).rglob("state.pt"))  # the partial one is gone
+
+
+def test_auto_takes_snapshots_only_for_a_single_node_job_whose_state_has_no_copy(tmp_path, monkeypatch, capsys):
+    from jitckpt.worker import sharding
+
+    monkeypatch.setattr(sharding, "optimizers", lambda: [object()])
+    shm = Path("/dev/shm") / f"jitckpt-test-{tmp_path.name}"  # where jit-run puts it
+    cases = [  # (world size, local world size, coordinates) -> snapshots?
+        (3, 3, _fsdp(0), True),
+        (3, 3, ParallelCoordinates.from_layout(0, 3).with_sharding([]), False),  # DDP: replicas
+        (1, 1, ParallelCoordinates.from_layout(0, 1).with_sharding([]), False),  # one process: nothing to protect
+        (4, 2, _fsdp(0, 4), False),  # two hosts: each sees its own snapshots only
+    ]
+    for world, local, coords, wanted in cases:
+        rt = _Runtime(0, shm)
+        rt.world_size, rt.local_world_size, rt.coords = world, local, coords
+        monkeypatch.setattr(sharding, "refresh", lambda runtime: runtime.coords)
+        assert MemorySnapshots(shm, 0)._decide(rt) is wanted, (world, local, coords)
+    assert "memory tier off: a multi-node job" in capsys.readouterr().err
+    rt = _Runtime(0, tmp_path)  # no /dev/shm: the run directory stands in, on the checkpoint's file system
+    rt.world_size = rt.local_world_size = 3
+    assert MemorySnapshots(tmp_path, 0)._decide(rt) is False
+    assert "memory tier off: no writable host shared memory" in capsys.readouterr().err
+
+
+def test_a_forward_elsewhere_or_after_an_optimizer_step_takes_no_snapshot(tmp_path, monkeypatch):
+    """Only the training thread of the process that armed it, at a minibatch's start, takes one: not a thread's
+    forward, not a forward after an optimizer of the minibatch stepped (a GAN's generator)."""
+    import threading
+
+    import torch
+
+    from jitckpt.worker.minibatch import OptimizerPhase
+
+    taken: list[str] = []
+    tier = MemorySnapshots(tmp_path, 0, "on")
+    monkeypatch.setattr(tier, "take", lambda rt: taken.append(threading.current_thread().name))
+    rt = _Runtime(0, tmp_path)
+    rt.main_thread = threading.main_thread()
+    rt.optimizer_phase = OptimizerPhase(lambda: [])
+    layer = torch.nn.Linear(2, 2)
+    try:
+        tier.arm(rt)
+        other = threading.Thread(target=layer, args=(torch.zeros(1, 2),), name="other")
+        other.start()
+        other.join()
+        assert taken == [] and tier._hook is not None  # still armed for the training thread
+        rt.optimizer_phase.done = [1]  # an optimizer of this minibatch has stepped
+        layer(torch.zeros(1, 2))
+        assert taken == [] and tier._hook is None
+        rt.optimizer_phase.done = []
+        tier.arm(rt)
+        with torch.no_grad():
+            layer(torch.zeros(1, 2))  # an evaluation forward
+        layer(torch.zeros(1, 2))
+        assert taken == ["MainThread"]
+    finally:
+        tier._disarm()

@@ -27,6 +27,7 @@ from jitckpt.console import emit
 from jitckpt.launch import report
 from jitckpt.launch.child import wait_forwarding_signals
 from jitckpt.store import CheckpointError, DiskStore, check_writable, is_complete
+from jitckpt.store.memory import MemoryStore, keep_on_disk
 from jitckpt.store.private import make_private_dir
 from jitckpt.validate import argparse_type, positive_number
 
@@ -303,6 +304,23 @@ def explicit_options(argv: list[str], args: argparse.Namespace) -> list[str]:
     return sorted(vars(given))
 
 
+def _keep_memory_snapshots(root: Path, shm_dir: Path) -> None:
+    """The job did not finish: keep on disk the memory tier's snapshots that complete its newest step."""
+    memory = MemoryStore(shm_dir)
+    if not memory.root.is_dir():
+        return
+    try:
+        kept = keep_on_disk(DiskStore(root), memory)
+    except OSError as exc:
+        say(f"could not keep the memory tier's snapshots on disk ({exc}); a rerun falls back to the newest "
+            f"checkpoint in {root} that covers every shard")
+        return
+    if kept is not None:
+        step, ranks = kept
+        say(f"kept the memory tier's snapshots of minibatch {step} ({', '.join(ranks)}) in {root}: with the JIT "
+            f"checkpoints there they cover every shard, so rerunning the same command resumes from minibatch {step}")
+
+
 def say(message: str) -> None:
     emit(f"[jit-run] {message}")
 
@@ -356,9 +374,12 @@ def main(argv: list[str]) -> int:
     os.environ[config.ENV_RUN_DIR] = str(run_dir)
     eventlog.record("launch", command=args.command)
     child = subprocess.Popen(agent_cmd, env=env)
+    code: int | None = None
     try:
         code = wait_forwarding_signals(child)
     finally:
+        if code != 0:
+            _keep_memory_snapshots(root, Path(env[config.ENV_SHM_DIR]))
         shutil.rmtree(env[config.ENV_SHM_DIR], ignore_errors=True)
 
     result = report.build(eventlog.read_all(run_dir), code, args.command)

@@ -169,7 +169,8 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="H",
         help="share of failures beyond the tier's tolerance (required with --snapshot-overhead); with "
-        "snapshots kept on each rank's own host, the share of failures that take a whole host",
+        "snapshots kept on each rank's own host, the share of failures that take a whole host (1 for a "
+        "multi-node job today: the tier covers single-node jobs only)",
     )
 
     mc = parser.add_argument_group(

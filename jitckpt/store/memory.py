@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from jitckpt.store.disk import DiskStore, rank_dir_name, step_dir
+from jitckpt.store.private import make_private_dir
 
 SUBDIR = "memory"
 KEEP = 2  # the current minibatch's snapshot and the previous one
@@ -33,11 +34,6 @@ def memory_root(shm_dir: str | os.PathLike) -> Path:
     return Path(shm_dir) / SUBDIR
 
 
-def is_memory_copy(path: Path) -> bool:
-    """True for a rank checkpoint directory that lies in a memory tier (a snapshot)."""
-    return Path(path).parent.parent.name == SUBDIR
-
-
 class MemoryStore(DiskStore):
     """A node's memory tier (see the module docstring)."""
 
@@ -46,6 +42,10 @@ class MemoryStore(DiskStore):
 
     def __repr__(self) -> str:
         return f"MemoryStore({str(self.root)!r})"
+
+    def holds(self, path: Path) -> bool:
+        """True for a rank checkpoint directory of this store (a snapshot)."""
+        return Path(path).is_relative_to(self.root)
 
     def prune_rank(self, rank: int, current: int, drop_later: bool = False) -> None:
         """Remove ``rank``'s snapshots older than minibatch ``current - 1``, its partial ones left by other
@@ -74,3 +74,37 @@ def _entries(path: Path) -> list[Path]:
         return list(path.iterdir())
     except OSError:
         return []
+
+
+def keep_on_disk(disk: DiskStore, memory: MemoryStore) -> tuple[int, list[str]] | None:
+    """Copy the snapshots that complete the newest step of ``disk`` and ``memory`` together into ``disk``.
+
+    For a job that ends without finishing (no restarts left, stopped): its
+    memory tier goes with the run, and the JIT checkpoint on disk lacks the
+    shard of the rank that was lost, so a rerun would start afresh.  The
+    snapshots are copied as they are (metadata and checksums included) into
+    ``disk``'s step directory, each under a hidden name first and then renamed,
+    never over a rank directory already there.  Returns (step, rank
+    directories copied), or None when no step is complete or nothing is missing.
+    """
+    from jitckpt.store.selection import is_complete
+    from jitckpt.store.tiered import TieredStore
+
+    both = TieredStore(disk, memory)
+    step = next((s for s in both.list_steps() if is_complete(both, s)), None)
+    if step is None:
+        return None
+    target = step_dir(disk.root, step)
+    copied = []
+    for source in sorted(p for p in _entries(step_dir(memory.root, step)) if not p.name.startswith(".")):
+        final = target / source.name
+        if final.exists():
+            continue
+        make_private_dir(target, parents=True)
+        partial = target / f".{source.name}.partial-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial)
+        os.replace(partial, final)
+        copied.append(source.name)
+    return (step, copied) if copied else None
+

@@ -36,13 +36,14 @@ never stops training.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jitckpt import config, eventlog
 from jitckpt.store.memory import MemoryStore
-from jitckpt.worker import ddp_layout, save, sharding, stash
+from jitckpt.worker import ddp_layout, rng_state, save, sharding, stash
 from jitckpt.worker.console import log
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class MemorySnapshots:
         self.seconds = 0.0
         self.bytes = 0
         self._hook: Any = None
+        self._armed_in: int | None = None  # the process that armed the hook (a forked DataLoader worker is not it)
         self._pruned_future = False
         self._warned_cost = False
 
@@ -87,6 +89,7 @@ class MemorySnapshots:
             return
         from torch.nn.modules.module import register_module_forward_pre_hook
 
+        self._armed_in = os.getpid()
         self._hook = register_module_forward_pre_hook(lambda module, args: self._first_forward(rt))
 
     def _disarm(self) -> None:
@@ -103,9 +106,14 @@ class MemorySnapshots:
     def _first_forward(self, rt: "JitRuntime") -> None:
         import torch
 
+        if os.getpid() != self._armed_in or threading.current_thread() is not rt.main_thread:
+            return  # a forked DataLoader worker's transform, a forward on another thread: not the training step
         if not torch.is_grad_enabled():
             return  # an evaluation forward between minibatches: not a minibatch's start
         self._disarm()
+        phase = rt.optimizer_phase
+        if phase.in_phase or phase.done:
+            return  # an optimizer of this minibatch has stepped already (a GAN's second forward): not its start
         self.take(rt)
 
     # ----- what ----------------------------------------------------------------------
@@ -117,8 +125,17 @@ class MemorySnapshots:
         if not sharding.optimizers():
             return None
         coords = sharding.refresh(rt)
-        alone = coords.unreplicated_ranks()
-        self.needed = bool(alone)
+        alone = coords.unreplicated_ranks() if coords.shardings and rt.world_size > 1 else []
+        why_not = None
+        if alone and rt.world_size != rt.local_world_size:
+            why_not = ("a multi-node job: each host's snapshots are seen by its own ranks only, and redundancy "
+                       "across hosts is not built yet, so they could not complete a step")
+        elif alone and self.root.parent.parent != Path("/dev/shm"):
+            why_not = f"no writable host shared memory (/dev/shm): the snapshots would go to {self.root.parent}"
+        self.needed = bool(alone) and why_not is None
+        if rt.rank == 0 and why_not is not None:
+            log(f"memory tier off: {why_not}; a rank whose state has no copy falls back to the newest checkpoint "
+                f"that covers every shard [{config.ENV_MEMORY_TIER}=on takes the snapshots anyway]")
         if self.needed and rt.rank == 0:
             log(f"memory tier: the state of rank(s) {', '.join(map(str, alone[:8]))}{' ...' if len(alone) > 8 else ''} "
                 f"has no copy on another rank; every rank's shard is snapshotted into host memory ({self.root}) at "
@@ -131,7 +148,14 @@ class MemorySnapshots:
             return None
         step = rt.step
         started = time.perf_counter()
+        # Room first: the previous snapshot stays whole, older ones go (two per rank, a third only while written).
+        self.store.prune_rank(self.rank, step, drop_later=not self._pruned_future)
+        self._pruned_future = True
+        full = self._no_room()
+        if full:
+            return self._turn_off(rt, step, full)
         pending = None
+        random_state = rng_state.capture()  # the user's save must not move the training's random numbers
         try:
             pending = self.store.begin_save(step, rt.coords)
             save.run_user_save(rt, pending)
@@ -148,18 +172,33 @@ class MemorySnapshots:
         except Exception as exc:  # never stop training: the tier is off for this worker, and it says so
             if pending is not None:
                 pending.abandon()
-            self.failed = True
-            self._disarm()
-            log(f"memory tier off for rank {rt.rank}: the snapshot of minibatch {step} failed "
-                f"({type(exc).__name__}: {exc}); a lost shard of this rank falls back to the newest checkpoint "
-                f"that covers every shard")
-            eventlog.record("memory_snapshot_failed", rank=rt.rank, attempt=rt.attempt, step=step,
-                            error=f"{type(exc).__name__}: {exc}")
-            return None
-        seconds = time.perf_counter() - started
-        self._prune(step)
-        self._account(rt, final, step, seconds)
+            return self._turn_off(rt, step, f"the snapshot of minibatch {step} failed ({type(exc).__name__}: {exc})")
+        finally:
+            rng_state.restore(random_state)
+        self._account(rt, final, step, time.perf_counter() - started)
         return final
+
+    def _no_room(self) -> str | None:
+        """Why the next snapshot would not fit in host shared memory (with room to spare for the job), or None."""
+        if not self.bytes:
+            return None
+        try:
+            fs = os.statvfs(self.root.parent)
+        except OSError:
+            return None
+        free = fs.f_bavail * fs.f_frsize
+        if free >= 2 * self.bytes:
+            return None
+        return (f"host shared memory is nearly full ({free / 2**20:.0f} MiB free in {self.root.parent}, a snapshot "
+                f"takes {self.bytes / 2**20:.0f} MiB; NCCL and DataLoader workers need it too)")
+
+    def _turn_off(self, rt: "JitRuntime", step: int, why: str) -> None:  # (returns take's "none taken")
+        self.failed = True
+        self._disarm()
+        log(f"memory tier off for rank {rt.rank}: {why}; a lost shard of this rank falls back to the newest "
+            f"checkpoint that covers every shard")
+        eventlog.record("memory_snapshot_failed", rank=rt.rank, attempt=rt.attempt, step=step, error=why)
+        return None
 
     def _account(self, rt: "JitRuntime", final: Path, step: int, seconds: float) -> None:
         self.taken += 1
@@ -176,8 +215,3 @@ class MemorySnapshots:
             log(f"warning: memory tier snapshots take {mean * 1000:.1f} ms, {100 * mean / minibatch:.0f}% of a "
                 f"minibatch ({minibatch * 1000:.1f} ms): the user's save runs once per minibatch into host memory; "
                 f"{config.ENV_MEMORY_TIER}=off (jit-run --memory-tier off) turns the snapshots off")
-
-    def _prune(self, current: int) -> None:
-        """Two snapshots per rank; the first one of this worker also drops those after ``current``."""
-        self.store.prune_rank(self.rank, current, drop_later=not self._pruned_future)
-        self._pruned_future = True

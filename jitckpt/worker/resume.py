@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 from jitckpt import config, eventlog
 from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, safe_codec, select
-from jitckpt.store.memory import is_memory_copy
 from jitckpt.store.disk import check_private
 from jitckpt.worker import data_position, ddp_layout, private_rng, rng_state, sharding, stash
 from jitckpt.worker.console import log
@@ -102,7 +101,7 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
     # the batches this rank took in the redone minibatch: it must take them again (jitckpt.worker.data_position)
     data_position.arm_check(rt, find_own_state(rt, info, stash.FETCH), str(info.path),
                             lambda reason: inexact_resume(rt, reason))
-    memory = is_memory_copy(info.path)
+    memory = rt.memory_tier is not None and rt.memory_tier.store.holds(info.path)
     eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path),
                     rng_restored=payload is not None, loader_state=loader_state is not None, memory_tier=memory)
     log(f"resuming from minibatch {info.step}: {info.path}"
