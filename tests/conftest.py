@@ -360,7 +360,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 # others have nothing left (the last files in name order, test_user_code_faults to test_wheel, are such jobs).
 # A hint for the order only: a file not listed comes after them, in its usual place.
 SECONDS_PER_TEST = {
-    "test_save_grace": 95, "test_multinode": 81, "test_sharded": 53, "test_pytorch_examples": 49,
+    "test_save_grace": 95, "test_multinode": 81, "test_memory_tier": 55, "test_sharded": 53, "test_pytorch_examples": 49,
     "test_bad_checkpoints": 47, "test_user_code_faults": 46, "test_recovery": 45, "test_warm_restart": 45,
     "test_strict_matrix": 44, "test_nccl_ordering": 43, "test_data_loading": 41, "test_frameworks": 41,
     "test_optimizer_phase": 38, "test_step_agreement": 28, "test_wheel": 20, "test_nccl_order_backend": 20,

@@ -202,7 +202,7 @@ class _Runtime:
     def __init__(self, rank: int, shm: Path) -> None:
         from jitckpt import faults
 
-        self.rank, self.step, self.attempt, self.shm_dir = rank, 0, 0, shm
+        self.rank, self.step, self.attempt, self.shm_dir, self.hang_timeout = rank, 0, 0, shm, 3.0
         self.coords = _fsdp(rank)
         self.injector = faults.FaultInjector([], rank, 0)
         self.saved: list[int] = []
@@ -213,6 +213,9 @@ class _Runtime:
 
     def jit_event_started(self) -> bool:
         return False
+
+    def earlier_minibatches_settled(self, deadline: float, poll: float = 0.005) -> str | None:
+        return None
 
     def mean_minibatch_seconds(self) -> float | None:
         return None

@@ -99,8 +99,9 @@ def zero() -> Reference:
 @pytest.mark.parametrize("where", ["in-step", "stop-in-step", "before-step"])
 def test_zero_peer_lost_in_its_step_is_never_saved_half_applied(tmp_path, zero, where):
     """Rank 2 is lost inside ZeRO's step (between its local update and the parameter broadcast)
-    or just before it.  Its shard has no copy anyway, so the job falls back; what matters is that
-    the healthy ranks never commit their half-applied state."""
+    or just before it.  Its shard has no copy but its snapshot in the memory tier, from which every
+    rank resumes (tests/test_memory_tier.py); what matters here is that the healthy ranks never
+    commit their half-applied state."""
     result = zero.run(tmp_path, f"2:{ZERO_STEP}:{where}")
     zero.check(result, tmp_path / "ckpt")
     if where != "before-step":  # (there a peer may still park before its step: a consistent save)

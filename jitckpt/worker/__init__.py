@@ -17,6 +17,8 @@
 - ``module_buffers``: BatchNorm statistics rewound to the saved minibatch;
 - ``ddp_layout``: DDP's gradient bucket order, kept across a restart;
 - ``sharding``: which ranks hold the same state (FSDP2/DTensor, HSDP, ZeRO, DDP);
+- ``memory_snapshots``: each rank's shard snapshotted into the node's memory
+  tier at every minibatch's start, where it has no copy on another rank;
 - ``standby``: a pre-warmed interpreter that becomes a worker on a warm restart;
 - ``shutdown``: a clean end of a finished script;
 - ``console``: what a worker prints.

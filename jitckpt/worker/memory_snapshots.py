@@ -18,19 +18,31 @@ own ``save(path)`` writes what such a JIT save writes (the parameters and
 optimizer state the previous step left, the script's own step counter and
 loader state for this minibatch).  A forward with gradients off (an
 evaluation between minibatches) is not a minibatch's start and takes none.
+The snapshot first waits for the previous minibatch's collectives to
+complete (ZeRO's parameter broadcast after its step, which on NCCL the host
+is past at enqueue: without the wait, the ``ncclorder`` test backend showed
+a snapshot holding parameters from before that broadcast, and a resume from
+it ended with wrong parameters).
 
-Which jobs.  ``auto`` (the default): jobs where some rank's state has no
-copy on another rank (FSDP2, ZeroRedundancyOptimizer), decided from the
-shard identity once the first optimizer exists; a DDP or HSDP job takes
-none.  ``on``: every job.  ``off``: none (a lost shard then means the newest
-checkpoint that covers every shard, often a fresh start).
+Only the training thread of the process that armed the hook takes one (not a
+forked DataLoader worker's transform, not another thread's forward), and not
+after an optimizer of the minibatch has stepped (a GAN's second forward).
+
+Which jobs.  ``auto`` (the default): single-node jobs of several ranks where
+some rank's state has no copy on another rank (FSDP2, ZeroRedundancyOptimizer),
+decided from the shard identity once the first optimizer exists, with
+``/dev/shm`` writable; a DDP or HSDP job takes none, nor a multi-node job
+(its ranks see only their own host's snapshots).  ``on``: every job.
+``off``: none (a lost shard then means the newest checkpoint that covers
+every shard, often a fresh start).
 
 What it costs.  One run of the user's save into memory per minibatch, on the
 training thread, not overlapped with training (the save reads state that the
-next forward may swap, FSDP2's unsharded parameters); its time and size are
-printed once, and rank 0 warns when it exceeds a tenth of a minibatch.  A
-snapshot that fails turns the tier off for this worker with a message; it
-never stops training.
+next forward may swap, FSDP2's unsharded parameters), with the training's
+RNG state put back after it; its time and size are printed once, and rank 0
+warns when it exceeds a tenth of a minibatch.  A snapshot that fails, or
+that would leave less than one snapshot's size free in shared memory, turns
+the tier off for this worker with a message; it never stops training.
 """
 
 from __future__ import annotations
@@ -148,6 +160,13 @@ class MemorySnapshots:
             return None
         step = rt.step
         started = time.perf_counter()
+        # The previous minibatch's collectives that update parameters (ZeRO's broadcast after its step) may still
+        # be on the device (NCCL: the host is past them at enqueue): the state is the minibatch's start once they
+        # are done.  One that failed or hangs means a failure is under way: no snapshot of this minibatch.
+        unsettled = rt.earlier_minibatches_settled(time.monotonic() + rt.hang_timeout, poll=0.0005)
+        if unsettled is not None:
+            eventlog.record("memory_snapshot_skipped", rank=rt.rank, attempt=rt.attempt, step=step, why=unsettled)
+            return None
         # Room first: the previous snapshot stays whole, older ones go (two per rank, a third only while written).
         self.store.prune_rank(self.rank, step, drop_later=not self._pruned_future)
         self._pruned_future = True

@@ -789,24 +789,31 @@ class JitRuntime:
         in flight at the save's deadline, means this rank's parameters are
         partly updated: the save is refused.
         """
+        why = self.earlier_minibatches_settled(deadline)
+        if why is not None:
+            self._refuse(why)
+
+    def earlier_minibatches_settled(self, deadline: float, poll: float = 0.005) -> str | None:
+        """Wait until every collective issued in an earlier minibatch has completed; None then, else why not
+        (one failed, or one is still in flight at ``deadline``): see ``_wait_for_earlier_minibatches``."""
         while True:
             with self._lock:
                 earlier = [t for t, step in self._issued_in.items() if step < self.step]
                 failed = [self._in_flight[t][1] for t in earlier if t in self._failed_tokens]
                 polled = [t for t in earlier if t in self._polled]
             if failed:
-                self._refuse(f"{failed[0]}, issued in an earlier minibatch, failed: the parameters it would "
-                             f"have updated are not those of minibatch {self.step}")
+                return (f"{failed[0]}, issued in an earlier minibatch, failed: the parameters it would "
+                        f"have updated are not those of minibatch {self.step}")
             for token in polled:  # the others end through their completion path (a future's callback)
                 self._retire_if_complete(token)
             with self._lock:
                 left = [self._in_flight[t][1] for t, step in self._issued_in.items() if step < self.step]
             if not left:
-                return
+                return None
             if time.monotonic() > deadline:
-                self._refuse(f"{left[0]}, issued in an earlier minibatch, has not completed: the parameters it "
-                             f"updates may not be those of minibatch {self.step}")
-            time.sleep(0.005)
+                return (f"{left[0]}, issued in an earlier minibatch, has not completed: the parameters it "
+                        f"updates may not be those of minibatch {self.step}")
+            time.sleep(poll)
 
     def jit_event_started(self) -> bool:
         """True once a JIT event has been raised in this process (its save thread then ends the process)."""
