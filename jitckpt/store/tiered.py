@@ -29,9 +29,6 @@ class TieredStore(CheckpointStore):
     def __repr__(self) -> str:
         return f"TieredStore({', '.join(map(repr, self.tiers))})"
 
-    def __getattr__(self, name: str):  # the first tier's extras (DiskStore.root, torn_saves, ...)
-        return getattr(self.tiers[0], name)
-
     def begin_save(self, step: int, coords: ParallelCoordinates) -> PendingCheckpoint:
         return self.tiers[0].begin_save(step, coords)
 
