@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +54,13 @@ class Run:
         if not found:
             raise RunFailed(f"{self.name}: no BENCH {event} {match or ''} event (logs: {self.log_dir})")
         return found[-1]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a rendezvous of several agents on this machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def torchrun() -> list[str]:

@@ -15,12 +15,14 @@ of one invocation only.
 
     python benchmarks/memory_tier.py                 # ~3 min on 2 cores
     python benchmarks/memory_tier.py --batch 512     # more compute per step
+    python benchmarks/memory_tier.py --hosts 2       # two "hosts": every snapshot also copied to the other
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -34,12 +36,20 @@ VARIANTS = ("torchrun", "jit-run, tier off", "jit-run, tier auto")
 
 
 def command(variant: str, args: argparse.Namespace, ckpt: Path) -> list[str]:
-    job = ["--standalone", "--nproc_per_node", str(args.nproc), str(JOB), "--steps", str(args.steps),
-           "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch)]
-    if variant == "torchrun":
-        return harness.torchrun() + job
+    job = [str(JOB), "--steps", str(args.steps), "--hidden", str(args.hidden), "--layers", str(args.layers),
+           "--batch", str(args.batch)]
     tier = "off" if variant.endswith("off") else "auto"
-    return harness.jit_run() + ["--checkpoint-dir", str(ckpt), "--memory-tier", tier, "torchrun"] + job
+    wrap = [] if variant == "torchrun" else harness.jit_run() + ["--checkpoint-dir", str(ckpt), "--memory-tier", tier]
+    if args.hosts == 1:
+        return [*wrap, *harness.torchrun(), "--standalone", "--nproc_per_node", str(args.nproc), *job]
+    # Several "hosts" on this machine: one agent each (its own jit-run and shared memory), one c10d rendezvous.
+    port = harness.free_port()
+    agents = [shlex.join([*wrap, *harness.torchrun(), "--nnodes", str(args.hosts), "--nproc_per_node",
+                          str(args.nproc // args.hosts), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                          f"127.0.0.1:{port}", "--rdzv-id", f"bench-{port}", *job]) for _ in range(args.hosts)]
+    script = "".join(f"{agent} & p{i}=$!; " for i, agent in enumerate(agents))
+    script += "r=0; " + "".join(f"wait $p{i} || r=$?; " for i in range(len(agents))) + "exit $r"
+    return ["bash", "-c", script]
 
 
 def main() -> None:
@@ -50,6 +60,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--hosts", type=int, default=1, help="run each job as this many torchrun agents (\"hosts\") "
+                   "on this machine, --nproc ranks in all: the tier then copies every snapshot to another host")
     p.add_argument("--log-dir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     args = p.parse_args()
@@ -69,14 +81,16 @@ def main() -> None:
     rows = [[v, harness.spread([1000 * s for s in steps[v]], "{:.1f}"), f"{statistics.median(steps[v]) / base:.3f}x"]
             for v in VARIANTS]
     print(f"\n{harness.machine_summary()}")
-    print(f"FSDP2 MLP {args.layers}x{args.hidden}, batch {args.batch}, {args.nproc} ranks, gloo, "
+    print(f"FSDP2 MLP {args.layers}x{args.hidden}, batch {args.batch}, {args.nproc} ranks on {args.hosts} host(s), gloo, "
           f"{args.steps} steps ({args.reps} reps, interleaved)\n")
     print(harness.table(["variant", "ms per step, median [min, max]", "vs torchrun"], rows))
     if memory:
         newest = statistics.median(m["newest"] for m in memory)
         held = statistics.median(m["total"] for m in memory)
+        host = statistics.median(m.get("host_per_rank", m["total"]) for m in memory)
         print(f"\nmemory tier, per rank: one snapshot {newest / 2**20:.1f} MiB, held {held / 2**20:.1f} MiB "
-              f"({statistics.median(m['snapshots'] for m in memory):.0f} snapshots)")
+              f"({statistics.median(m['snapshots'] for m in memory):.0f} snapshots); the host's tier per rank, "
+              f"copies for other hosts included: {host / 2**20:.1f} MiB")
     if args.json:
         args.json.write_text(json.dumps({"steps": steps, "memory": memory, "args": vars(args) | {
             "log_dir": str(log_dir), "json": str(args.json)}}, indent=1))

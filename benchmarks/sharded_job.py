@@ -8,7 +8,8 @@ Reports through ``BENCH {json}`` lines (``harness.parse_events``):
 
 - ``steps``: rank 0's per-step seconds after the warm-up;
 - ``memory``: under jit-run, the bytes of this rank's newest snapshot in the
-  memory tier and of all its snapshots there (each rank).
+  memory tier and of all its snapshots there, and the host's whole tier
+  (copies kept for another host's ranks included) per local rank (each rank).
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ def main() -> None:
     if shm:
         mine = sorted(Path(shm, "memory").glob(f"step-*/rank-{rank:05d}"))
         sizes = [sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) for d in mine]
-        emit("memory", rank=rank, newest=sizes[-1] if sizes else 0, total=sum(sizes), snapshots=len(sizes))
+        # (in a multi-node job the host's tier also holds copies of another host's snapshots)
+        host = sum(f.stat().st_size for f in Path(shm, "memory").rglob("*") if f.is_file())
+        emit("memory", rank=rank, newest=sizes[-1] if sizes else 0, total=sum(sizes), snapshots=len(sizes),
+             host_per_rank=host / int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     dist.destroy_process_group()
 
 

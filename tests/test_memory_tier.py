@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,80 @@ def test_fsdp_rank_lost_resumes_from_memory_bit_exact(tmp_path, fault, resumed_a
         assert lost_lines and all(saved in line and "shard of rank 1 " in line for line in lost_lines), lost_lines
     else:
         assert not lost_lines, lost_lines
+
+
+@pytest.mark.slow
+def test_fsdp_lost_host_resumes_from_the_copies_in_the_other_hosts_memory_bit_exact(tmp_path):
+    """Two jit-run "hosts" of two ranks each: rank 2 freezes in its backward of minibatch 5 and then its whole host
+    is lost (every process killed, its shared memory never seen again).  The surviving host's ranks save 5 and
+    hand over the copies of ranks 2 and 3 they keep in memory; the replacement host's ranks resume from them,
+    with their own random state, and the job ends bit-exact without --allow-inexact-resume."""
+    from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
+
+    expected = fault_free("fsdp", 4)
+    base = ["--mode", "fsdp", "--steps", str(STEPS)]
+    port = _free_port()
+    survivor = _launch_node(tmp_path, "survivor", port, script=PROGRAM, script_args=base)
+    _wait_listening(port)
+    lost = _launch_node(tmp_path, "lost", port, script=PROGRAM, script_args=[*base, "--die", "2:5:backward:hang"])
+    deadline = time.monotonic() + 240
+    while "rank 2: hang myself in the backward of minibatch 5" not in (tmp_path / "lost.log").read_text(errors="replace"):
+        assert time.monotonic() < deadline and lost.poll() is None, (tmp_path / "lost.log").read_text()[-3000:]
+        time.sleep(0.1)
+    _lose_node(lost.pid)
+    lost.wait()
+    replacement = _launch_node(tmp_path, "replacement", port, script=PROGRAM, script_args=base)
+    results = {name: _finish(tmp_path, name, proc) for name, proc in (("survivor", survivor),
+                                                                     ("replacement", replacement))}
+    outputs = "\n".join(output for _, output, _ in results.values())
+    for code, output, report in results.values():
+        assert code == 0 and report is not None, output[-4000:]
+    assert f"final parameters sha256 {expected}" in outputs, outputs[-6000:]
+    done = resumes(outputs)
+    assert done == {0: (5, False), 1: (5, False), 2: (5, True), 3: (5, True)}, done
+    assert "handed over step-00000005/rank-00002" in outputs and "handed over step-00000005/rank-00003" in outputs
+    assert "no RNG state" not in outputs and "not bit-exact" not in outputs, outputs[-4000:]
+    (failure,) = results["survivor"][2]["failures"]
+    assert failure["resumed_from_minibatch"] == 5 and failure["minibatches_redone"] == 1, failure
+
+
+@pytest.mark.slow
+def test_two_neighbouring_hosts_lost_name_the_shard_with_no_copy_left_and_fall_back(tmp_path):
+    """Three hosts of one FSDP2 rank each: hosts 1 and 2 are lost together.  Rank 1's copy was kept by rank 2,
+    lost with it: beyond what one copy tolerates.  The selection names that shard, uses no partial step, and
+    the job starts afresh and still ends bit-exact (correct, only later)."""
+    from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
+
+    expected = fault_free("fsdp", 3)
+    base = ["--mode", "fsdp", "--steps", str(STEPS)]
+    port = _free_port()
+    hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
+                                   nnodes=3)}
+    _wait_listening(port)
+    for name, extra in (("host1", ["--die", "1:5:backward:hang"]), ("host2", [])):
+        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, script_args=[*base, *extra],
+                                   nproc_per_node=1, nnodes=3)
+    deadline = time.monotonic() + 240
+    while "rank 1: hang myself in the backward of minibatch 5" not in (tmp_path / "host1.log").read_text(errors="replace"):
+        assert time.monotonic() < deadline and hosts["host1"].poll() is None, (tmp_path / "host1.log").read_text()[-3000:]
+        time.sleep(0.1)
+    for name in ("host1", "host2"):
+        _lose_node(hosts[name].pid)
+    for name in ("host1", "host2"):
+        hosts[name].wait()
+        hosts[f"new-{name}"] = _launch_node(tmp_path, f"new-{name}", port, script=PROGRAM, script_args=base,
+                                            nproc_per_node=1, nnodes=3)
+    results = {name: _finish(tmp_path, name, hosts[name]) for name in ("host0", "new-host1", "new-host2")}
+    outputs = "\n".join(output for _, output, _ in results.values())
+    for code, output, report in results.values():
+        assert code == 0, output[-4000:]
+    assert f"final parameters sha256 {expected}" in outputs, outputs[-6000:]
+    assert "handed over step-00000005/rank-00002" in outputs, outputs[-4000:]  # rank 2's copy survived on rank 0
+    gone = [line for line in outputs.splitlines() if "no surviving copy of" in line and "step-00000005" in line]
+    assert gone and all("shard of rank 1 " in line and "rank 2" not in line.split("no surviving copy of")[1]
+                        for line in gone), gone
+    assert "covers every shard of this job" in outputs, outputs[-4000:]
+    assert resumes(outputs) == {}, resumes(outputs)  # nobody resumed: a fresh start from minibatch 0
 
 
 @pytest.mark.slow
@@ -275,14 +350,14 @@ def test_auto_takes_snapshots_only_for_a_single_node_job_whose_state_has_no_copy
         (3, 3, _fsdp(0), True),
         (3, 3, ParallelCoordinates.from_layout(0, 3).with_sharding([]), False),  # DDP: replicas
         (1, 1, ParallelCoordinates.from_layout(0, 1).with_sharding([]), False),  # one process: nothing to protect
-        (4, 2, _fsdp(0, 4), False),  # two hosts: each sees its own snapshots only
+        (4, 2, _fsdp(0, 4), False),  # two hosts, and no job store to find the other host's ranks in
     ]
     for world, local, coords, wanted in cases:
         rt = _Runtime(0, shm)
         rt.world_size, rt.local_world_size, rt.coords = world, local, coords
         monkeypatch.setattr(sharding, "refresh", lambda runtime: runtime.coords)
         assert MemorySnapshots(shm, 0)._decide(rt) is wanted, (world, local, coords)
-    assert "memory tier off: a multi-node job" in capsys.readouterr().err
+    assert "memory tier off: its snapshots could not be copied to another host" in capsys.readouterr().err
     rt = _Runtime(0, tmp_path)  # no /dev/shm: the run directory stands in, on the checkpoint's file system
     rt.world_size = rt.local_world_size = 3
     assert MemorySnapshots(tmp_path, 0)._decide(rt) is False

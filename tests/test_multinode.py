@@ -33,15 +33,17 @@ def _free_port() -> int:
 
 
 def _launch_node(tmp_path: Path, name: str, port: int, fault: str = "", train_args: list[str] | None = None,
-                 nproc_per_node: int = 2, jit_options: list[str] | None = None) -> subprocess.Popen:
-    """One node: jit-run with its own torchrun agent (2 workers) in a 2-node c10d rendezvous on ``port``."""
+                 nproc_per_node: int = 2, jit_options: list[str] | None = None, script: Path = EXAMPLE,
+                 script_args: list[str] = TRAIN_ARGS, nnodes: int = 2) -> subprocess.Popen:
+    """One node: jit-run with its own torchrun agent (2 workers) in a c10d rendezvous of ``nnodes`` nodes on
+    ``port``, running ``script`` with ``script_args`` and ``train_args``."""
     cmd = [sys.executable, "-m", "jitckpt", "--checkpoint-dir", str(tmp_path / "ckpt"), "--hang-timeout", "3",
            "--save-grace", "30", "--report", str(tmp_path / f"{name}-report.json"), *(jit_options or [])]
     if fault:
         cmd += ["--fault", fault]
-    cmd += ["torchrun", "--nnodes", "2", "--nproc_per_node", str(nproc_per_node), "--rdzv-backend", "c10d",
+    cmd += ["torchrun", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "jitckpt-two-nodes", "--max-restarts", "2",
-            str(EXAMPLE), *TRAIN_ARGS, *(train_args or [])]
+            str(script), *script_args, *(train_args or [])]
     log = open(tmp_path / f"{name}.log", "w")
     try:
         return subprocess.Popen(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)

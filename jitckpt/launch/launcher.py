@@ -27,7 +27,7 @@ from jitckpt.console import emit
 from jitckpt.launch import report
 from jitckpt.launch.child import wait_forwarding_signals
 from jitckpt.store import CheckpointError, DiskStore, check_writable, is_complete
-from jitckpt.store.memory import MemoryStore, keep_on_disk
+from jitckpt.store.memory import MemoryStore, keep_on_disk, peer_copies
 from jitckpt.store.private import make_private_dir
 from jitckpt.validate import argparse_type, positive_number
 
@@ -310,7 +310,7 @@ def _keep_memory_snapshots(root: Path, shm_dir: Path) -> None:
     if not memory.root.is_dir():
         return
     try:
-        kept = keep_on_disk(DiskStore(root), memory)
+        kept = keep_on_disk(DiskStore(root), memory, peer_copies(root))
     except OSError as exc:
         say(f"could not keep the memory tier's snapshots on disk ({exc}); a rerun falls back to the newest "
             f"checkpoint in {root} that covers every shard")
@@ -380,6 +380,8 @@ def main(argv: list[str]) -> int:
     finally:
         if code != 0:
             _keep_memory_snapshots(root, Path(env[config.ENV_SHM_DIR]))
+        else:  # (the copies a JIT save handed over for another host's ranks: the job is done with them)
+            shutil.rmtree(peer_copies(root).root, ignore_errors=True)
         shutil.rmtree(env[config.ENV_SHM_DIR], ignore_errors=True)
 
     result = report.build(eventlog.read_all(run_dir), code, args.command)

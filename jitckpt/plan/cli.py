@@ -168,9 +168,9 @@ def _build_parser() -> argparse.ArgumentParser:
         type=argparse_type(share),
         default=None,
         metavar="H",
-        help="share of failures beyond the tier's tolerance (required with --snapshot-overhead); with "
-        "snapshots kept on each rank's own host, the share of failures that take a whole host (1 for a "
-        "multi-node job today: the tier covers single-node jobs only)",
+        help="share of failures beyond the tier's tolerance (required with --snapshot-overhead): with one "
+        "copy of every snapshot on the next host of a ring, the share of failures that take two "
+        "neighbouring hosts at once (single-node job: that take its host)",
     )
 
     mc = parser.add_argument_group(

@@ -19,14 +19,17 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
+from typing import Callable
 
 from jitckpt.store.disk import DiskStore, rank_dir_name, step_dir
 from jitckpt.store.private import make_private_dir
 
 SUBDIR = "memory"
+PEER_COPIES = "from-peer-memory"
 KEEP = 2  # the current minibatch's snapshot and the previous one
-_PARTIAL = re.compile(r"^\.(rank-\d+)\.partial-(\d+)$")
+_PARTIAL = re.compile(r"^\.(rank-\d+)\.partial-(\d+)(?:-\d+)?$")  # (a save, or a copy: pid-thread)
 
 
 def memory_root(shm_dir: str | os.PathLike) -> Path:
@@ -76,8 +79,35 @@ def _entries(path: Path) -> list[Path]:
         return []
 
 
-def keep_on_disk(disk: DiskStore, memory: MemoryStore) -> tuple[int, list[str]] | None:
-    """Copy the snapshots that complete the newest step of ``disk`` and ``memory`` together into ``disk``.
+def install_rank_copy(root: Path, step: int, name: str, fill: Callable[[Path], None]) -> bool:
+    """Publish a copy of rank directory ``name`` of ``step`` under ``root``: ``fill(partial)`` writes it under a
+    hidden name, then it is renamed into place.  Never over a rank directory already there: returns False then."""
+    target = step_dir(root, step)
+    final = target / name
+    if final.exists():
+        return False
+    make_private_dir(target, parents=True)
+    partial = target / f".{name}.partial-{os.getpid()}-{threading.get_ident()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        fill(partial)
+        os.replace(partial, final)
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if final.exists():
+            return False  # (another copy of it won the race)
+        raise
+    return True
+
+
+def peer_copies(checkpoint_root: str | os.PathLike) -> DiskStore:
+    """Where the memory tier's copies held for other hosts' ranks are handed over at a JIT save: a store beside
+    the checkpoints (``<root>/.jitckpt/from-peer-memory``), on the file system every host shares."""
+    return DiskStore(Path(checkpoint_root) / ".jitckpt" / PEER_COPIES)
+
+
+def keep_on_disk(disk: DiskStore, memory: MemoryStore, *more: DiskStore) -> tuple[int, list[str]] | None:
+    """Copy the snapshots that complete the newest step of ``disk``, ``memory`` (and ``more``) into ``disk``.
 
     For a job that ends without finishing (no restarts left, stopped): its
     memory tier goes with the run, and the JIT checkpoint on disk lacks the
@@ -90,21 +120,13 @@ def keep_on_disk(disk: DiskStore, memory: MemoryStore) -> tuple[int, list[str]] 
     from jitckpt.store.selection import is_complete
     from jitckpt.store.tiered import TieredStore
 
-    both = TieredStore(disk, memory)
-    step = next((s for s in both.list_steps() if is_complete(both, s)), None)
+    every = TieredStore(disk, memory, *more)
+    step = next((s for s in every.list_steps() if is_complete(every, s)), None)
     if step is None:
         return None
-    target = step_dir(disk.root, step)
     copied = []
-    for source in sorted(p for p in _entries(step_dir(memory.root, step)) if not p.name.startswith(".")):
-        final = target / source.name
-        if final.exists():
-            continue
-        make_private_dir(target, parents=True)
-        partial = target / f".{source.name}.partial-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(source, partial)
-        os.replace(partial, final)
-        copied.append(source.name)
-    return (step, copied) if copied else None
-
+    for tier in (memory, *more):
+        for source in sorted(p for p in _entries(step_dir(tier.root, step)) if not p.name.startswith(".")):
+            if install_rank_copy(disk.root, step, source.name, lambda partial: shutil.copytree(source, partial)):
+                copied.append(source.name)
+    return (step, sorted(copied)) if copied else None

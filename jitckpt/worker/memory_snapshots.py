@@ -31,8 +31,10 @@ after an optimizer of the minibatch has stepped (a GAN's second forward).
 Which jobs.  ``auto`` (the default): single-node jobs of several ranks where
 some rank's state has no copy on another rank (FSDP2, ZeroRedundancyOptimizer),
 decided from the shard identity once the first optimizer exists, with
-``/dev/shm`` writable; a DDP or HSDP job takes none, nor a multi-node job
-(its ranks see only their own host's snapshots).  ``on``: every job.
+``/dev/shm`` writable; a DDP or HSDP job takes none.  In a multi-node job each
+snapshot is also copied to a rank of another host (``jitckpt.worker.
+memory_peers``), which hands it over to the shared file system at a JIT
+event; a rank whose copies cannot be set up takes no snapshots.  ``on``: every job.
 ``off``: none (a lost shard then means the newest checkpoint that covers
 every shard, often a fresh start).
 
@@ -54,8 +56,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from jitckpt import config, eventlog
-from jitckpt.store.memory import MemoryStore
+from jitckpt.store.memory import MemoryStore, peer_copies
 from jitckpt.worker import ddp_layout, rng_state, save, sharding, stash
+from jitckpt.store import CheckpointError
+from jitckpt.worker.memory_peers import KEY_PREFIX as PEERS_KEY_PREFIX, PeerCopies, PeerError, is_multi_node
+from jitckpt.worker.step_agreement import generation, job_store
 from jitckpt.worker.console import log
 
 if TYPE_CHECKING:
@@ -72,6 +77,7 @@ class MemorySnapshots:
             raise ValueError(f"{config.ENV_MEMORY_TIER} must be one of {', '.join(config.MEMORY_TIER_MODES)} "
                              f"(got {mode!r})")
         self.store = MemoryStore(shm_dir)
+        self._checkpoint_root = Path(os.environ.get(config.ENV_CHECKPOINT_DIR, config.DEFAULT_CHECKPOINT_DIR))
         self.root = self.store.root
         self.rank = rank
         self.mode = mode
@@ -84,6 +90,8 @@ class MemorySnapshots:
         self._armed_in: int | None = None  # the process that armed the hook (a forked DataLoader worker is not it)
         self._pruned_future = False
         self._warned_cost = False
+        self.peers: PeerCopies | None = None  # a multi-node job's copies on another host (jitckpt.worker.memory_peers)
+        self._peer_failing = False
 
     @classmethod
     def from_env(cls, shm_dir: Path | None, rank: int) -> "MemorySnapshots | None":
@@ -139,11 +147,10 @@ class MemorySnapshots:
         coords = sharding.refresh(rt)
         alone = coords.unreplicated_ranks() if coords.shardings and rt.world_size > 1 else []
         why_not = None
-        if alone and rt.world_size != rt.local_world_size:
-            why_not = ("a multi-node job: each host's snapshots are seen by its own ranks only, and redundancy "
-                       "across hosts is not built yet, so they could not complete a step")
-        elif alone and self.root.parent.parent != Path("/dev/shm"):
+        if alone and self.root.parent.parent != Path("/dev/shm"):
             why_not = f"no writable host shared memory (/dev/shm): the snapshots would go to {self.root.parent}"
+        elif alone and is_multi_node(rt):
+            why_not = self._start_peers(rt)
         self.needed = bool(alone) and why_not is None
         if rt.rank == 0 and why_not is not None:
             log(f"memory tier off: {why_not}; a rank whose state has no copy falls back to the newest checkpoint "
@@ -151,8 +158,48 @@ class MemorySnapshots:
         if self.needed and rt.rank == 0:
             log(f"memory tier: the state of rank(s) {', '.join(map(str, alone[:8]))}{' ...' if len(alone) > 8 else ''} "
                 f"has no copy on another rank; every rank's shard is snapshotted into host memory ({self.root}) at "
-                f"the start of every minibatch [{config.ENV_MEMORY_TIER}=off turns this off]")
+                f"the start of every minibatch{', each with a copy on a rank of another host' if self.peers else ''} "
+                f"[{config.ENV_MEMORY_TIER}=off turns this off]")
         return self.needed
+
+    def _start_peers(self, rt: "JitRuntime") -> str | None:
+        """A multi-node job: set up the copies of this rank's snapshots on another host; why not, if it fails."""
+        node = int(os.environ.get("GROUP_RANK", rt.rank // max(rt.local_world_size, 1)))
+        timeout = config.env_float(config.ENV_AGREEMENT_TIMEOUT, config.DEFAULT_AGREEMENT_TIMEOUT)
+        peers = PeerCopies(self.store, rt.rank, rt.world_size, rt.local_world_size, node, timeout)
+        try:
+            store = job_store(rt, timeout)
+            if store is None:
+                raise PeerError("no job store to find the other hosts' ranks in (not started by torchrun?)")
+            peers.start(store, f"{PEERS_KEY_PREFIX}/{generation(rt)}")
+        except (PeerError, OSError, CheckpointError) as exc:
+            peers.close()
+            log(f"memory tier off for rank {rt.rank}: its snapshots cannot be copied to another host ({exc})")
+            return "its snapshots could not be copied to another host (a host's memory dies with the host)"
+        self.peers = peers
+        peers.timeout = max(rt.hang_timeout, 5.0)  # (a copy waits no longer than a collective would)
+        return None
+
+    def holds(self, path: Path) -> bool:
+        """True for a snapshot of this tier: in this host's memory, or handed over from another host's."""
+        return self.store.holds(path) or Path(path).is_relative_to(peer_copies(self._checkpoint_root).root)
+
+    def hand_over(self, rt: "JitRuntime", saved_step: int | None) -> None:
+        """A JIT event: put the snapshots this rank holds for another host's rank (and its own) where every
+        host's ranks find them (``PeerCopies.hand_over``); never raises."""
+        if self.peers is None:
+            return
+        started = time.perf_counter()
+        try:
+            handed = self.peers.hand_over(rt.checkpoint_root, saved_step)
+        except OSError as exc:
+            log(f"memory tier: could not hand over the snapshots held in this host's memory ({exc})")
+            eventlog.record("memory_hand_over_failed", rank=rt.rank, attempt=rt.attempt, error=str(exc))
+            return
+        if handed:
+            log(f"memory tier: handed over {', '.join(handed)} from this host's memory to "
+                f"{peer_copies(rt.checkpoint_root).root} in {time.perf_counter() - started:.2f}s")
+            eventlog.record("memory_handed_over", rank=rt.rank, attempt=rt.attempt, copies=handed)
 
     def take(self, rt: "JitRuntime") -> Path | None:
         """Snapshot this rank's state as of the start of minibatch ``rt.step``; None if none was taken."""
@@ -194,8 +241,26 @@ class MemorySnapshots:
             return self._turn_off(rt, step, f"the snapshot of minibatch {step} failed ({type(exc).__name__}: {exc})")
         finally:
             rng_state.restore(random_state)
+        if self.peers is not None:
+            self._copy_to_peer(rt, final, step)
         self._account(rt, final, step, time.perf_counter() - started)
         return final
+
+    def _copy_to_peer(self, rt: "JitRuntime", final: Path, step: int) -> None:
+        assert self.peers is not None
+        started = time.perf_counter()
+        try:
+            size = self.peers.send(final, step)
+        except PeerError as exc:  # (its peer is dead or frozen: a JIT event follows; training goes on meanwhile)
+            if not self._peer_failing:
+                log(f"memory tier: {exc}; this snapshot has no copy on another host")
+            self._peer_failing = True
+            eventlog.record("memory_peer_copy_failed", rank=rt.rank, attempt=rt.attempt, step=step, error=str(exc))
+            return
+        if self.peers.sent == 1 or self._peer_failing:
+            log(f"memory tier: copy of minibatch {step}'s snapshot kept by rank {self.peers.successor} on another "
+                f"host ({size / 1024:.0f} KiB in {(time.perf_counter() - started) * 1000:.1f} ms)")
+        self._peer_failing = False
 
     def _no_room(self) -> str | None:
         """Why the next snapshot would not fit in host shared memory (with room to spare for the job), or None."""

@@ -101,7 +101,7 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
     # the batches this rank took in the redone minibatch: it must take them again (jitckpt.worker.data_position)
     data_position.arm_check(rt, find_own_state(rt, info, stash.FETCH), str(info.path),
                             lambda reason: inexact_resume(rt, reason))
-    memory = rt.memory_tier is not None and rt.memory_tier.store.holds(info.path)
+    memory = rt.memory_tier is not None and rt.memory_tier.holds(info.path)
     eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path),
                     rng_restored=payload is not None, loader_state=loader_state is not None, memory_tier=memory)
     log(f"resuming from minibatch {info.step}: {info.path}"

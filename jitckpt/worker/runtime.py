@@ -35,6 +35,7 @@ from jitckpt import config, eventlog, faults
 from jitckpt.jit_event import JitReason
 from jitckpt.store import CheckpointInfo, CheckpointStore, DiskStore, ParallelCoordinates
 from jitckpt.store.tiered import TieredStore
+from jitckpt.store.memory import peer_copies
 from jitckpt.worker import data_position, minibatch, module_buffers, private_rng, rng_state, save, sharding, shutdown, stash
 from jitckpt.worker.memory_snapshots import MemorySnapshots
 from jitckpt.worker.console import log, short_error
@@ -65,7 +66,8 @@ class JitRuntime:
         # The node's memory tier (snapshots of shards with no replica), read as one more tier of the store.
         self.memory_tier = MemorySnapshots.from_env(self.shm_dir, self.rank)
         disk = DiskStore(self.checkpoint_root)
-        self.store: CheckpointStore = TieredStore(disk, self.memory_tier.store) if self.memory_tier else disk
+        self.store: CheckpointStore = (TieredStore(disk, self.memory_tier.store, peer_copies(self.checkpoint_root))
+                                       if self.memory_tier else disk)
         self.hang_timeout = config.env_float(config.ENV_HANG_TIMEOUT, config.DEFAULT_HANG_TIMEOUT)
         self.save_grace = config.env_float(config.ENV_SAVE_GRACE, config.DEFAULT_SAVE_GRACE)
         self.injector = faults.FaultInjector(faults.parse(os.environ.get(config.ENV_FAULT, "")), self.rank, self.attempt)
@@ -721,7 +723,7 @@ class JitRuntime:
         log(f"refusing to save minibatch {self.step}: {why}; exiting without a save (the job falls back "
             f"to an older checkpoint)")
         eventlog.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error=f"half-applied step refused: {why}")
-        os._exit(config.JIT_SAVE_FAILED_EXIT_CODE)
+        self._leave(config.JIT_SAVE_FAILED_EXIT_CODE)
 
     # ----- the JIT event ---------------------------------------------------------------
 
@@ -736,7 +738,7 @@ class JitRuntime:
             self.park_forever()
         if not self.state_consistent():
             self._refuse(self.optimizer_phase.describe())
-        os._exit(save.save_checkpoint(self, reason, detail))
+        self._leave(save.save_checkpoint(self, reason, detail))
 
     def _begin_jit(self, reason: JitReason, detail: str) -> bool:
         with self._lock:
@@ -769,10 +771,16 @@ class JitRuntime:
             if time.monotonic() > deadline:
                 log(f"no safe point reached within {self.save_grace / 2:.0f}s (phase {self.phase}); exiting without a save")
                 eventlog.record("jit_save_failed", rank=self.rank, attempt=self.attempt, error="no safe point reached")
-                os._exit(config.JIT_SAVE_FAILED_EXIT_CODE)
+                self._leave(config.JIT_SAVE_FAILED_EXIT_CODE)
             time.sleep(0.01)
         self._wait_for_earlier_minibatches(deadline)
-        os._exit(save.save_checkpoint(self, reason, detail))
+        self._leave(save.save_checkpoint(self, reason, detail))
+
+    def _leave(self, code: int) -> None:
+        """End this worker after its JIT event, once the memory tier handed over what it holds for others."""
+        if self.memory_tier is not None:
+            self.memory_tier.hand_over(self, self.step if code == config.JIT_SAVED_EXIT_CODE else None)
+        os._exit(code)
 
     def _wait_for_earlier_minibatches(self, deadline: float) -> None:
         """Before saving "start of minibatch i": every collective issued in an earlier minibatch has completed.

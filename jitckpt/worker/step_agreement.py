@@ -128,11 +128,11 @@ def agreed_selection(rt: "JitRuntime", choose: Chooser) -> CheckpointInfo | None
     store = None
     if rt.world_size > 1:
         timeout = config.env_float(config.ENV_AGREEMENT_TIMEOUT, config.DEFAULT_AGREEMENT_TIMEOUT)
-        store = _job_store(rt, timeout)
+        store = job_store(rt, timeout)
     if store is None:
         _settled[rt] = _Settled(agreed=False, step=None)
         return choose(None)
-    exchange = _Exchange(store, rt, f"{KEY_PREFIX}/{_generation(rt)}", timeout)
+    exchange = _Exchange(store, rt, f"{KEY_PREFIX}/{generation(rt)}", timeout)
 
     try:
         mine = choose(None)
@@ -313,13 +313,13 @@ def _by_step(steps: dict[int, int | None]) -> list[list]:
     return [[step, format_ranks(sorted(r for r, s in steps.items() if s == step))] for step in order]
 
 
-def _generation(rt: "JitRuntime") -> str:
+def generation(rt: "JitRuntime") -> str:
     """This attempt's namespace: the one instrument._give_each_attempt_its_own_store gives the rendezvous store."""
     round_ = os.environ.get(config.ENV_RENDEZVOUS_ROUND)
     return f"round-{round_}" if round_ else f"attempt-{rt.attempt}"
 
 
-def _job_store(rt: "JitRuntime", timeout: float) -> Any:
+def job_store(rt: "JitRuntime", timeout: float) -> Any:
     """The store all ranks of this attempt share (see the module docstring), or None outside torchrun."""
     import torch.distributed as dist
 

@@ -1,0 +1,303 @@
+"""The memory tier across hosts: a copy of every rank's snapshot in the memory of a rank on another host.
+
+Why.  A rank's snapshots live in its host's shared memory
+(``jitckpt.store.memory``): they outlive the rank's process, not its host.
+In a multi-node job a lost host takes its ranks' only snapshots with it, and
+the replacement host's ranks could not see the survivors' shared memory
+anyway.  So each snapshot is also kept by a rank of another host (the
+``replicate`` scheme with one copy: Deadpool's ring replication, placed as
+Gemini places its checkpoints, never on the snapshot's own host).
+
+Placement.  Rank ``r`` sends its copies to the rank with the same local rank
+on the next node of the ring of nodes (``r + LOCAL_WORLD_SIZE`` modulo the
+world size, torchrun's node-contiguous ranks); every rank checks, through
+the job's store, that this successor is on another node, else the copies are
+refused with a message.  One lost host thus never takes a shard together
+with its copy; two lost hosts that are neighbours in the ring can (the
+selection then names the shards that have no copy left and falls back).
+
+Transport.  Its own TCP connections, not the job's process groups: the copies
+never sit between the training's collectives in any group's order, need no
+collective to set up, and a dead or frozen peer only fails this connection.
+Each rank listens on an ephemeral port of every interface and publishes its
+address, node and a random token under
+``jitckpt/memory-peers/<generation>/<rank>`` in the job's store (the
+generation as in ``jitckpt.worker.step_agreement``); a copy carrying another
+token is refused.  A message is a length-prefixed JSON header (rank, step,
+token, relative file paths and sizes) followed by the files' bytes; the
+receiver checks each path (no absolute paths, no ``..``), writes the files
+owner-only under a hidden name, renames the rank directory into its memory
+store (``step-N/rank-R``, checksums and metadata as the sender committed
+them), keeps two steps per rank, and answers ``ok``.  Nothing received is
+ever executed; a copy is verified against its checksums when it is selected.
+
+When.  Right after the snapshot is committed, on the training thread, waiting
+for the answer (at most the hang timeout): a copy is then in place before the
+minibatch's forward goes on, so a host lost during that minibatch leaves the
+copy of its start behind.  (Not overlapped with training yet.)
+
+Hand-over.  At a JIT event every surviving rank copies, from its host's
+memory, the snapshots it holds of its predecessor and its own snapshots of
+the newest two minibatches (not the one its JIT save just wrote) into
+``<checkpoint root>/.jitckpt/from-peer-memory`` on the shared file system
+(``jitckpt.store.memory.peer_copies``), a tier every rank's selection reads:
+a replacement host's ranks find their shards there, at the step the others
+resume from, and the step agreement settles any difference between hosts'
+views.  It costs up to four shard writes per surviving rank, at a failure
+only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import struct
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from jitckpt import eventlog
+from jitckpt.store.disk import rank_dir_name, step_dir
+from jitckpt.store.memory import MemoryStore, install_rank_copy, peer_copies
+from jitckpt.store.private import make_private_dir, write_private_file_in
+
+if TYPE_CHECKING:
+    from jitckpt.worker.runtime import JitRuntime
+
+KEY_PREFIX = "jitckpt/memory-peers"
+_LENGTH = struct.Struct("!Q")
+_MAX_HEADER = 1 << 22  # bytes of JSON: a file list, never more
+_CHUNK = 1 << 20
+
+
+class PeerError(Exception):
+    """A copy could not be sent or was refused: the reason, for the log."""
+
+
+def is_multi_node(rt: "JitRuntime") -> bool:
+    """Whether this job's ranks are on more than one node (so shared memory is not shared by all of them)."""
+    return rt.world_size > rt.local_world_size
+
+
+def successor_of(rank: int, world_size: int, local_world_size: int) -> int:
+    """The rank that keeps ``rank``'s copies: the same local rank on the next node (torchrun's rank order)."""
+    return (rank + local_world_size) % world_size
+
+
+def predecessor_of(rank: int, world_size: int, local_world_size: int) -> int:
+    """The rank whose copies ``rank`` keeps."""
+    return (rank - local_world_size) % world_size
+
+
+class PeerCopies:
+    """This rank's side of the copies across hosts (see the module docstring)."""
+
+    def __init__(self, memory: MemoryStore, rank: int, world_size: int, local_world_size: int, node: int,
+                 timeout: float) -> None:
+        self.memory = memory
+        self.rank = rank
+        self.node = node
+        self.successor = successor_of(rank, world_size, local_world_size)
+        self.predecessor = predecessor_of(rank, world_size, local_world_size)
+        self.timeout = timeout
+        self.token = secrets.token_hex(16)
+        self._listener: socket.socket | None = None
+        self._peer: dict | None = None  # the successor's published entry
+        self._conn: socket.socket | None = None
+        self._seen: set[int] = set()  # ranks whose first copy this process received (it drops their later steps)
+        self.sent = 0
+
+    # ----- set-up ----------------------------------------------------------------------
+
+    def start(self, store: Any, prefix: str) -> None:
+        """Listen for the predecessor's copies, publish where under ``prefix`` in the job's ``store``, and find
+        the successor there; raises PeerError."""
+        listener = socket.create_server(("0.0.0.0", 0))
+        self._listener = listener
+        entry = {"host": _my_address(), "port": listener.getsockname()[1], "node": self.node, "token": self.token}
+        store.set(f"{prefix}/{self.rank}", json.dumps(entry))
+        threading.Thread(target=self._serve, name="jitckpt-memory-peers", daemon=True).start()
+        key = f"{prefix}/{self.successor}"
+        try:
+            store.wait([key], timedelta(seconds=self.timeout))
+            peer = json.loads(store.get(key))
+        except Exception as exc:  # (a timeout, a store that went away)
+            raise PeerError(f"rank {self.successor}, which keeps this rank's copies, never said where it listens "
+                            f"({type(exc).__name__}: {exc})") from None
+        if peer.get("node") == self.node:
+            raise PeerError(f"rank {self.successor} is on this rank's own node {self.node}, so its copies would "
+                            f"die with this host (ranks not placed node by node?)")
+        self._peer = peer
+
+    # ----- sending ---------------------------------------------------------------------
+
+    def send(self, snapshot: Path, step: int) -> int:
+        """Copy the committed snapshot ``snapshot`` of minibatch ``step`` to the successor; returns bytes sent."""
+        assert self._peer is not None
+        files = sorted(f for f in snapshot.rglob("*") if f.is_file())
+        header = {"token": self._peer["token"], "rank": self.rank, "step": step,
+                  "files": [[str(f.relative_to(snapshot)), f.stat().st_size] for f in files]}
+        for attempt in (1, 2):  # (once more on a fresh connection: the successor may have restarted its side)
+            try:
+                conn = self._connection()
+                raw = json.dumps(header).encode()
+                conn.sendall(_LENGTH.pack(len(raw)) + raw)
+                for f in files:
+                    with open(f, "rb") as fh:
+                        conn.sendfile(fh)
+                answer = _read_line(conn)
+            except OSError as exc:
+                self._close()
+                if attempt == 2:
+                    raise PeerError(f"sending the copy of minibatch {step} to rank {self.successor} failed "
+                                    f"({type(exc).__name__}: {exc})") from None
+                continue
+            if answer != "ok":
+                raise PeerError(f"rank {self.successor} refused the copy of minibatch {step}: {answer}")
+            self.sent += 1
+            return sum(size for _, size in header["files"])
+        raise AssertionError("unreachable")
+
+    def _connection(self) -> socket.socket:
+        if self._conn is None:
+            assert self._peer is not None
+            self._conn = socket.create_connection((self._peer["host"], self._peer["port"]), timeout=self.timeout)
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # ----- receiving -------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._receive_from, args=(conn,), name="jitckpt-memory-peer", daemon=True).start()
+
+    def _receive_from(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    raw = _read_exact(conn, _LENGTH.size, allow_eof=True)
+                    if raw is None:
+                        return
+                    answer = self._receive_one(conn, _LENGTH.unpack(raw)[0])
+                except (OSError, ValueError) as exc:
+                    eventlog.record("memory_peer_refused", rank=self.rank, error=f"{type(exc).__name__}: {exc}")
+                    return  # (a broken stream cannot be resynchronised: the sender reconnects)
+                try:
+                    conn.sendall(answer.encode() + b"\n")
+                except OSError:
+                    return
+
+    def _receive_one(self, conn: socket.socket, length: int) -> str:
+        if length > _MAX_HEADER:
+            raise ValueError(f"a header of {length} bytes")
+        header = json.loads(_read_exact(conn, length))
+        files = _checked_files(header.get("files"))
+        datas = [_read_exact(conn, size) for _, size in files]  # (read whatever follows before any refusal)
+        if header.get("token") != self.token:
+            return "refused: not this job's token"
+        rank, step = header.get("rank"), header.get("step")
+        if not isinstance(rank, int) or not isinstance(step, int) or rank < 0 or step < 0 or rank == self.rank:
+            return f"refused: rank {rank!r}, step {step!r}"
+
+        def fill(partial: Path) -> None:
+            make_private_dir(partial)
+            for (parts, _), data in zip(files, datas):
+                write_private_file_in(partial, parts, data)
+
+        self.memory.prune_rank(rank, step, drop_later=rank not in self._seen)
+        self._seen.add(rank)
+        install_rank_copy(self.memory.root, step, rank_dir_name(rank), fill)
+        return "ok"
+
+    # ----- the hand-over at a JIT event ---------------------------------------------------
+
+    def hand_over(self, checkpoint_root: Path, saved_step: int | None) -> list[str]:
+        """Copy the predecessor's snapshots held here, and this rank's own (but the minibatch its JIT save
+        wrote), into the shared ``peer_copies`` tier; returns what was copied (``step-N/rank-R``)."""
+        target = peer_copies(checkpoint_root).root
+        handed = []
+        for rank in (self.predecessor, self.rank):
+            name = rank_dir_name(rank)
+            for step in self.memory.list_steps():
+                source = step_dir(self.memory.root, step) / name
+                if (rank == self.rank and step == saved_step) or not source.is_dir():
+                    continue
+                make_private_dir(target, parents=True)
+                if install_rank_copy(target, step, name, lambda partial: shutil.copytree(source, partial)):
+                    handed.append(f"{step_dir(target, step).name}/{name}")
+        return handed
+
+    def close(self) -> None:
+        self._close()
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)  # (wakes the accepting thread; close alone would not)
+            except OSError:
+                pass
+            self._listener.close()
+
+
+def _checked_files(files: Any) -> list[tuple[list[str], int]]:
+    """The header's ``[[relative path, size], ...]``, checked: untrusted input names no place outside the copy."""
+    if not isinstance(files, list) or not files:
+        raise ValueError("no file list")
+    checked = []
+    for item in files:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
+            raise ValueError(f"a file entry {item!r:.80}")
+        parts = item[0].split("/")
+        if item[1] < 0 or any(p in ("", ".", "..") or "\0" in p for p in parts):
+            raise ValueError(f"a file entry {item!r:.80}")
+        checked.append((parts, item[1]))
+    return checked
+
+
+def _read_exact(conn: socket.socket, size: int, allow_eof: bool = False) -> bytes | None:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = conn.recv_into(view[got:], min(size - got, _CHUNK))
+        if n == 0:
+            if allow_eof and got == 0:
+                return None
+            raise ValueError(f"the stream ended after {got} of {size} bytes")
+        got += n
+    return bytes(buf)
+
+
+def _read_line(conn: socket.socket) -> str:
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        chunk = conn.recv(1)
+        if not chunk:
+            raise ConnectionError("the peer closed the connection before answering")
+        line += chunk
+        if len(line) > 4096:
+            raise ConnectionError("an answer too long")
+    return line.decode(errors="replace").strip()
+
+
+def _my_address() -> str:
+    """The address the other hosts reach this one at: that of the interface towards the job's master."""
+    master = os.environ.get("MASTER_ADDR", "")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((master or "127.0.0.1", int(os.environ.get("MASTER_PORT", "29500"))))
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
+
