@@ -136,7 +136,8 @@ def _raw_send(peer: PeerCopies, header: dict, body: bytes) -> str:
     ({"token": None, "rank": 0, "step": 1, "files": [["/etc/x", 3]]}, b"abc", ""),
     ({"token": None, "rank": 1, "step": 1, "files": [["state.pt", 3]]}, b"abc", "refused: rank 1"),
     ({"token": None, "rank": 0, "step": -2, "files": [["state.pt", 3]]}, b"abc", "refused: rank 0, step -2"),
-], ids=["foreign-token", "dot-dot", "absolute", "own-rank", "negative-step"])
+    ({"token": None, "rank": 0, "step": 1, "files": [["state.pt", 1 << 60]]}, b"", f"refused: {1 << 60} bytes"),
+], ids=["foreign-token", "dot-dot", "absolute", "own-rank", "negative-step", "larger-than-shared-memory"])
 def test_an_untrusted_copy_is_refused_and_nothing_is_written(tmp_path, header, body, answer):
     sender, receiver = _pair(tmp_path)
     try:

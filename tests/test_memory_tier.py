@@ -89,6 +89,17 @@ def test_fsdp_rank_lost_resumes_from_memory_bit_exact(tmp_path, fault, resumed_a
         assert not lost_lines, lost_lines
 
 
+def _wait_for_copy(log: Path, rank: int, step: int, timeout: float = 60) -> None:
+    """Until the host that wrote ``log`` keeps in memory the copy of ``rank``'s snapshot of ``step``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"snapshotted into host memory \((\S+)\)", log.read_text(errors="replace"))
+        if found and (Path(found.group(1)) / f"step-{step:08d}" / f"rank-{rank:05d}").is_dir():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no copy of rank {rank}'s snapshot of minibatch {step} arrived\n{log.read_text()[-3000:]}")
+
+
 @pytest.mark.slow
 def test_fsdp_lost_host_resumes_from_the_copies_in_the_other_hosts_memory_bit_exact(tmp_path):
     """Two jit-run "hosts" of two ranks each: rank 2 freezes in its backward of minibatch 5 and then its whole host
@@ -107,6 +118,7 @@ def test_fsdp_lost_host_resumes_from_the_copies_in_the_other_hosts_memory_bit_ex
     while "rank 2: hang myself in the backward of minibatch 5" not in (tmp_path / "lost.log").read_text(errors="replace"):
         assert time.monotonic() < deadline and lost.poll() is None, (tmp_path / "lost.log").read_text()[-3000:]
         time.sleep(0.1)
+    _wait_for_copy(tmp_path / "survivor.log", rank=2, step=5)  # (the copies travel beside the training)
     _lose_node(lost.pid)
     lost.wait()
     replacement = _launch_node(tmp_path, "replacement", port, script=PROGRAM, script_args=base)
@@ -137,13 +149,15 @@ def test_two_neighbouring_hosts_lost_name_the_shard_with_no_copy_left_and_fall_b
     hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
                                    nnodes=3)}
     _wait_listening(port)
-    for name, extra in (("host1", ["--die", "1:5:backward:hang"]), ("host2", [])):
-        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, script_args=[*base, *extra],
-                                   nproc_per_node=1, nnodes=3)
+    for name in ("host1", "host2"):  # (which of them gets rank 1 is the rendezvous's choice)
+        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, nproc_per_node=1, nnodes=3,
+                                   script_args=[*base, "--die", "1:5:backward:hang"])
     deadline = time.monotonic() + 240
-    while "rank 1: hang myself in the backward of minibatch 5" not in (tmp_path / "host1.log").read_text(errors="replace"):
-        assert time.monotonic() < deadline and hosts["host1"].poll() is None, (tmp_path / "host1.log").read_text()[-3000:]
+    logs = [tmp_path / "host1.log", tmp_path / "host2.log"]
+    while not any("rank 1: hang myself in the backward of minibatch 5" in log.read_text(errors="replace") for log in logs):
+        assert time.monotonic() < deadline and hosts["host1"].poll() is None, logs[0].read_text()[-3000:]
         time.sleep(0.1)
+    _wait_for_copy(tmp_path / "host0.log", rank=2, step=5)
     for name in ("host1", "host2"):
         _lose_node(hosts[name].pid)
     for name in ("host1", "host2"):

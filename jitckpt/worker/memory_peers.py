@@ -31,10 +31,13 @@ store (``step-N/rank-R``, checksums and metadata as the sender committed
 them), keeps two steps per rank, and answers ``ok``.  Nothing received is
 ever executed; a copy is verified against its checksums when it is selected.
 
-When.  Right after the snapshot is committed, on the training thread, waiting
-for the answer (at most the hang timeout): a copy is then in place before the
-minibatch's forward goes on, so a host lost during that minibatch leaves the
-copy of its start behind.  (Not overlapped with training yet.)
+When.  Right after the snapshot is committed, on a thread of its own: the
+copy overlaps the minibatch's forward and backward, and the next snapshot
+first waits for it to end (at most one copy in flight per rank, so the
+copies are never more than one minibatch behind).  A host lost after its
+copy of minibatch i landed costs one minibatch, as a lost process does; a
+host lost while that copy was still on its way costs two (the copies of
+i-1 are complete).
 
 Hand-over.  At a JIT event every surviving rank copies, from its host's
 memory, the snapshots it holds of its predecessor and its own snapshots of
@@ -56,14 +59,15 @@ import shutil
 import socket
 import struct
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from jitckpt import eventlog
 from jitckpt.store.disk import rank_dir_name, step_dir
 from jitckpt.store.memory import MemoryStore, install_rank_copy, peer_copies
-from jitckpt.store.private import make_private_dir, write_private_file_in
+from jitckpt.store.private import make_private_dir, open_private_file
 
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
@@ -109,6 +113,8 @@ class PeerCopies:
         self._peer: dict | None = None  # the successor's published entry
         self._conn: socket.socket | None = None
         self._seen: set[int] = set()  # ranks whose first copy this process received (it drops their later steps)
+        self._idle = threading.Event()  # no copy in flight
+        self._idle.set()
         self.sent = 0
 
     # ----- set-up ----------------------------------------------------------------------
@@ -162,6 +168,29 @@ class PeerCopies:
             return sum(size for _, size in header["files"])
         raise AssertionError("unreachable")
 
+    def send_in_background(self, snapshot: Path, step: int,
+                           done: Callable[[int | None, str | None, float], None]) -> None:
+        """Start copying ``snapshot`` on a thread of its own; it calls ``done(bytes sent or None, the error or
+        None, seconds)`` when the copy ends.  The previous copy must have ended (``wait_sent``)."""
+        self._idle.clear()
+
+        def copy() -> None:
+            started = time.perf_counter()
+            try:
+                size, error = self.send(snapshot, step), None
+            except PeerError as exc:
+                size, error = None, str(exc)
+            try:
+                done(size, error, time.perf_counter() - started)
+            finally:
+                self._idle.set()
+
+        threading.Thread(target=copy, name="jitckpt-memory-copy", daemon=True).start()
+
+    def wait_sent(self, timeout: float) -> bool:
+        """Wait for the copy in flight, if any, to end; False if it is still going after ``timeout`` seconds."""
+        return self._idle.wait(timeout)
+
     def _connection(self) -> socket.socket:
         if self._conn is None:
             assert self._peer is not None
@@ -191,7 +220,7 @@ class PeerCopies:
                     raw = _read_exact(conn, _LENGTH.size, allow_eof=True)
                     if raw is None:
                         return
-                    answer = self._receive_one(conn, _LENGTH.unpack(raw)[0])
+                    answer, go_on = self._receive_one(conn, _LENGTH.unpack(raw)[0])
                 except (OSError, ValueError) as exc:
                     eventlog.record("memory_peer_refused", rank=self.rank, error=f"{type(exc).__name__}: {exc}")
                     return  # (a broken stream cannot be resynchronised: the sender reconnects)
@@ -199,28 +228,42 @@ class PeerCopies:
                     conn.sendall(answer.encode() + b"\n")
                 except OSError:
                     return
+                if not go_on:
+                    return
 
-    def _receive_one(self, conn: socket.socket, length: int) -> str:
+    def _receive_one(self, conn: socket.socket, length: int) -> tuple[str, bool]:
+        """One copy: (the answer, whether the connection may carry another)."""
         if length > _MAX_HEADER:
             raise ValueError(f"a header of {length} bytes")
         header = json.loads(_read_exact(conn, length))
+        if not isinstance(header, dict) or header.get("token") != self.token:
+            return "refused: not this job's token", False  # (nothing more is read from a stranger)
         files = _checked_files(header.get("files"))
-        datas = [_read_exact(conn, size) for _, size in files]  # (read whatever follows before any refusal)
-        if header.get("token") != self.token:
-            return "refused: not this job's token"
         rank, step = header.get("rank"), header.get("step")
+        total = sum(size for _, size in files)
+        free = _free_bytes(self.memory.root)
+        if free is not None and total > free:
+            return f"refused: {total} bytes, {free} free in this host's shared memory", False
         if not isinstance(rank, int) or not isinstance(step, int) or rank < 0 or step < 0 or rank == self.rank:
-            return f"refused: rank {rank!r}, step {step!r}"
+            _drain(conn, total)
+            return f"refused: rank {rank!r}, step {step!r}", True
 
-        def fill(partial: Path) -> None:
+        def fill(partial: Path) -> None:  # straight from the socket into the files: no copy held in memory
             make_private_dir(partial)
-            for (parts, _), data in zip(files, datas):
-                write_private_file_in(partial, parts, data)
+            for parts, size in files:
+                if len(parts) > 1:
+                    make_private_dir(partial.joinpath(*parts[:-1]), parents=True)
+                fd = open_private_file(partial.joinpath(*parts), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                try:
+                    _receive_into(conn, fd, size)
+                finally:
+                    os.close(fd)
 
         self.memory.prune_rank(rank, step, drop_later=rank not in self._seen)
         self._seen.add(rank)
-        install_rank_copy(self.memory.root, step, rank_dir_name(rank), fill)
-        return "ok"
+        if not install_rank_copy(self.memory.root, step, rank_dir_name(rank), fill):
+            _drain(conn, total)  # (a copy of that step is there already: keep it)
+        return "ok", True
 
     # ----- the hand-over at a JIT event ---------------------------------------------------
 
@@ -263,6 +306,42 @@ def _checked_files(files: Any) -> list[tuple[list[str], int]]:
             raise ValueError(f"a file entry {item!r:.80}")
         checked.append((parts, item[1]))
     return checked
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free on the file system of ``path`` (or of the nearest folder above it that exists)."""
+    for folder in (path, *path.parents):
+        try:
+            fs = os.statvfs(folder)
+        except OSError:
+            continue
+        return fs.f_bavail * fs.f_frsize
+    return None
+
+
+def _receive_into(conn: socket.socket, fd: int, size: int) -> None:
+    """The next ``size`` bytes of ``conn`` written to ``fd``."""
+    buf = bytearray(min(size, _CHUNK) or 1)
+    view = memoryview(buf)
+    left = size
+    while left:
+        n = conn.recv_into(view, min(left, len(buf)))
+        if n == 0:
+            raise ValueError(f"the stream ended {left} bytes short")
+        written = 0
+        while written < n:
+            written += os.write(fd, view[written:n])
+        left -= n
+
+
+def _drain(conn: socket.socket, size: int) -> None:
+    """Read and drop the next ``size`` bytes of ``conn``."""
+    buf = bytearray(min(size, _CHUNK) or 1)
+    while size:
+        n = conn.recv_into(buf, min(size, len(buf)))
+        if n == 0:
+            raise ValueError(f"the stream ended {size} bytes short")
+        size -= n
 
 
 def _read_exact(conn: socket.socket, size: int, allow_eof: bool = False) -> bytes | None:

@@ -214,6 +214,9 @@ class MemorySnapshots:
         if unsettled is not None:
             eventlog.record("memory_snapshot_skipped", rank=rt.rank, attempt=rt.attempt, step=step, why=unsettled)
             return None
+        # The previous copy to another host has ended (it overlapped the previous minibatch; its socket's timeout
+        # bounds a frozen peer): one in flight at most, never more than a minibatch behind.
+        copy_free = self.peers is None or self.peers.wait_sent(self.peers.timeout * 2 + 1)
         # Room first: the previous snapshot stays whole, older ones go (two per rank, a third only while written).
         self.store.prune_rank(self.rank, step, drop_later=not self._pruned_future)
         self._pruned_future = True
@@ -241,25 +244,26 @@ class MemorySnapshots:
             return self._turn_off(rt, step, f"the snapshot of minibatch {step} failed ({type(exc).__name__}: {exc})")
         finally:
             rng_state.restore(random_state)
-        if self.peers is not None:
-            self._copy_to_peer(rt, final, step)
         self._account(rt, final, step, time.perf_counter() - started)
+        if self.peers is not None and copy_free:
+            self.peers.send_in_background(final, step, lambda size, error, seconds: self._copied(
+                rt, step, size, error, seconds))
         return final
 
-    def _copy_to_peer(self, rt: "JitRuntime", final: Path, step: int) -> None:
+    def _copied(self, rt: "JitRuntime", step: int, size: int | None, error: str | None, seconds: float) -> None:
+        """A copy to another host ended (on its own thread): say the first one, and failures once."""
         assert self.peers is not None
-        started = time.perf_counter()
-        try:
-            size = self.peers.send(final, step)
-        except PeerError as exc:  # (its peer is dead or frozen: a JIT event follows; training goes on meanwhile)
+        if error is not None:  # (its peer is dead or frozen: a JIT event follows; training goes on meanwhile)
             if not self._peer_failing:
-                log(f"memory tier: {exc}; this snapshot has no copy on another host")
+                log(f"memory tier: {error}; this snapshot has no copy on another host")
             self._peer_failing = True
-            eventlog.record("memory_peer_copy_failed", rank=rt.rank, attempt=rt.attempt, step=step, error=str(exc))
+            eventlog.record("memory_peer_copy_failed", rank=rt.rank, attempt=rt.attempt, step=step, error=error)
             return
         if self.peers.sent == 1 or self._peer_failing:
             log(f"memory tier: copy of minibatch {step}'s snapshot kept by rank {self.peers.successor} on another "
-                f"host ({size / 1024:.0f} KiB in {(time.perf_counter() - started) * 1000:.1f} ms)")
+                f"host ({(size or 0) / 1024:.0f} KiB in {seconds * 1000:.1f} ms, beside the training)")
+            eventlog.record("memory_peer_copy", rank=rt.rank, attempt=rt.attempt, step=step, bytes=size,
+                            seconds=seconds)
         self._peer_failing = False
 
     def _no_room(self) -> str | None:
