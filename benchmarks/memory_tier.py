@@ -72,7 +72,13 @@ def main() -> None:
     for rep in range(args.reps):
         for variant in VARIANTS:
             name = f"{variant.replace(', ', '-').replace(' ', '-')}-{rep}"
-            run = harness.require_ok(harness.run_job(name, command(variant, args, log_dir / f"ckpt-{name}"), log_dir))
+            run = harness.run_job(name, command(variant, args, log_dir / f"ckpt-{name}"), log_dir)
+            if run.returncode != 0 and args.hosts > 1 and run.of("final"):
+                # torchrun's agents of several nodes on one machine sometimes abort at teardown, when the agent
+                # that hosts the rendezvous store has gone first: the training itself had completed
+                harness.log(f"{name}: exited with status {run.returncode} after training completed (teardown)")
+            else:
+                harness.require_ok(run)
             steps[variant].append(statistics.median(run.one("steps")["seconds"]))
             if variant.endswith("auto"):
                 memory += run.of("memory")

@@ -33,6 +33,11 @@ ENV_SHM_DIR = "JITCKPT_SHM_DIR"
 # "auto"/"on"/"off" (jit-run --memory-tier): per-minibatch snapshots of each rank's shard in host memory
 # (jitckpt.worker.memory_snapshots); "auto" takes them when some rank's state has no replica (FSDP2, ZeRO).
 ENV_MEMORY_TIER = "JITCKPT_MEMORY_TIER"
+# Multi-node jobs (jit-run --memory-redundancy): how the memory tier covers a lost host
+# (jitckpt.worker.memory_peers): "replicate" (a copy on the next node) or "xor" (one parity per group of
+# JITCKPT_MEMORY_XOR_GROUP nodes, default the number of nodes less one, at most 8).
+ENV_MEMORY_REDUNDANCY = "JITCKPT_MEMORY_REDUNDANCY"
+ENV_MEMORY_XOR_GROUP = "JITCKPT_MEMORY_XOR_GROUP"
 # Set by jit-run's agent for its workers: the rendezvous round they were started
 # in, which every node of the job agrees on (restart counts can differ by node).
 ENV_RENDEZVOUS_ROUND = "JITCKPT_RENDEZVOUS_ROUND"
@@ -63,6 +68,8 @@ DEFAULT_AGREEMENT_TIMEOUT = 300.0
 DEFAULT_WARM_RESTART = "on"
 DEFAULT_MEMORY_TIER = "auto"
 MEMORY_TIER_MODES = ("auto", "on", "off")
+DEFAULT_MEMORY_REDUNDANCY = "replicate"
+MEMORY_REDUNDANCY_SCHEMES = ("replicate", "xor")
 
 # Exit status of a worker that completed its just-in-time save (EX_TEMPFAIL:
 # "temporary failure, retry"); never 0, so torchrun's agent restarts the group.

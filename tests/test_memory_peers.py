@@ -186,3 +186,109 @@ def test_hand_over_puts_the_predecessors_copies_and_own_older_snapshots_where_ev
     finally:
         sender.close()
         receiver.close()
+
+
+# ----- xor: one parity per group of hosts ----------------------------------------------------------
+
+
+def test_xor_groups_never_keep_their_parity_on_a_member_node():
+    from jitckpt.worker.memory_peers import xor_group
+
+    # 3 nodes of 1 rank, groups of 2: {0, 1} -> parity on rank 2; {2} -> on rank 0
+    assert [xor_group(r, 3, 1, 2) for r in range(3)] == [(0, [0, 1], 2), (0, [0, 1], 2), (1, [2], 0)]
+    # 4 nodes of 2 ranks, groups of 3 nodes: local rank 1 of nodes 0-2 -> parity on node 3's local rank 1
+    assert xor_group(3, 8, 2, 3) == (1, [1, 3, 5], 7) and xor_group(7, 8, 2, 3) == (3, [7], 1)
+    for world, local, size in ((6, 1, 2), (12, 2, 5), (8, 2, 3)):
+        for rank in range(world):
+            _, members, holder = xor_group(rank, world, local, size)
+            assert rank in members and holder // local not in {m // local for m in members}
+    with pytest.raises(PeerError, match="needs more than 2 nodes"):
+        xor_group(0, 2, 1, 2)
+
+
+def test_blob_round_trip_and_parity_rebuild_of_one_lost_member(tmp_path):
+    import numpy as np
+
+    from jitckpt.store.parity import blob_of, digest, rebuild, write_parity, xor_into
+
+    memory = MemoryStore(tmp_path / "host")
+    snaps = {rank: _snapshot(memory, rank % 2, 7, bytes([rank]) * (100 + 50 * rank)) for rank in (0, 1)}
+    parity = np.zeros(0, np.uint8)
+    members = {}
+    for rank, snap in snaps.items():
+        blob = blob_of(snap)
+        parity = xor_into(parity, blob)
+        members[rank] = (len(blob), digest(blob))
+    parity_root, copies = tmp_path / "parity", tmp_path / "copies"
+    write_parity(parity_root, 7, 0, parity, members)
+    # rank 0's snapshot handed over, rank 1's lost with its host
+    (copies / "step-00000007").mkdir(parents=True)
+    import shutil
+    shutil.copytree(snaps[0], copies / "step-00000007" / "rank-00000")
+    done, failed = rebuild(parity_root, copies)
+    assert done == ["step-00000007/rank-00001"] and failed == []
+    rebuilt = copies / "step-00000007" / "rank-00001"
+    assert blob_of(rebuilt) == blob_of(snaps[1])
+    assert DiskStore(copies).verify(rebuilt).step == 7  # the snapshot's own checksums hold
+    for path in [rebuilt, *rebuilt.rglob("*")]:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
+    assert rebuild(parity_root, copies) == ([], [])  # nothing left to rebuild
+
+
+def test_parity_rebuild_refuses_two_lost_members_and_a_corrupt_parity(tmp_path):
+    import numpy as np
+
+    from jitckpt.store.parity import blob_of, digest, rebuild, write_parity, xor_into
+
+    memory = MemoryStore(tmp_path / "host")
+    snaps = {rank: _snapshot(memory, rank % 2, 3, bytes([rank + 1]) * 64) for rank in (0, 1)}
+    blobs = {rank: blob_of(s) for rank, s in snaps.items()}
+    parity = xor_into(xor_into(np.zeros(0, np.uint8), blobs[0]), blobs[1])
+    members = {rank: (len(b), digest(b)) for rank, b in blobs.items()}
+    write_parity(tmp_path / "parity", 3, 0, parity, members)
+    (tmp_path / "copies").mkdir()
+    done, failed = rebuild(tmp_path / "parity", tmp_path / "copies")
+    assert done == [] and len(failed) == 1 and "ranks 0, 1 of one XOR group are all lost" in failed[0], failed
+    import shutil
+    shutil.copytree(snaps[0], tmp_path / "copies" / "step-00000003" / "rank-00000")
+    file = tmp_path / "parity" / "step-00000003" / "group-0.parity"
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    file.write_bytes(bytes(data))
+    done, failed = rebuild(tmp_path / "parity", tmp_path / "copies")
+    assert done == [] and "does not match its digest" in failed[0], failed
+    assert not (tmp_path / "copies" / "step-00000003" / "rank-00001").exists()
+
+
+def test_xor_copies_over_the_wire_make_a_parity_that_rebuilds(tmp_path):
+    """Three hosts of one rank, groups of two: ranks 0 and 1 send their snapshots to rank 2, which keeps only
+    their parity; with rank 1's host lost, rank 2's and rank 0's hand-over rebuild rank 1's snapshot."""
+    from jitckpt.store.parity import blob_of, rebuild
+    from jitckpt.store.memory import parity_area
+
+    store = FakeStore()
+    peers = [PeerCopies(MemoryStore(tmp_path / f"host{r}"), r, 3, 1, node=r, timeout=5, scheme="xor", group_size=2)
+             for r in range(3)]
+    starts = [threading.Thread(target=p.start, args=(store, "x")) for p in peers]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join()
+    try:
+        assert [p.successor for p in peers] == [2, 2, 0]
+        for step in (4, 5):
+            for rank in (0, 1):
+                peers[rank].send(_snapshot(peers[rank].memory, rank, step, bytes([rank, step]) * (300 + rank)), step)
+        held = sorted(p.relative_to(peers[2].parity_root).as_posix() for p in peers[2].parity_root.rglob("*.json"))
+        assert held == ["step-00000004/group-0.json", "step-00000005/group-0.json"], held
+        assert peers[2].memory.list_steps() == []  # no copies: the parity only
+        root = tmp_path / "ckpt"
+        assert "step-00000005/group-0" in peers[2].hand_over(root, saved_step=5)
+        assert "step-00000005/rank-00000" in peers[0].hand_over(root, saved_step=5)  # xor: every own snapshot
+        done, failed = rebuild(parity_area(root), peer_copies(root).root)
+        assert sorted(done) == ["step-00000004/rank-00001", "step-00000005/rank-00001"] and not failed, (done, failed)
+        original = peers[1].memory.root / "step-00000005" / "rank-00001"
+        assert blob_of(peer_copies(root).root / "step-00000005" / "rank-00001") == blob_of(original)
+    finally:
+        for p in peers:
+            p.close()

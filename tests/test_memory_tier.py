@@ -137,6 +137,51 @@ def test_fsdp_lost_host_resumes_from_the_copies_in_the_other_hosts_memory_bit_ex
 
 
 @pytest.mark.slow
+def test_xor_lost_host_is_rebuilt_from_the_parity_on_a_third_host_bit_exact(tmp_path):
+    """``--memory-redundancy xor``, three hosts of one FSDP2 rank each: ranks 0 and 1 form a group whose XOR
+    parity the third host keeps (no copies).  Rank 1 freezes in its backward of minibatch 5 and its host is
+    lost; its snapshot is rebuilt from rank 0's and the parity, and the job ends bit-exact, one minibatch redone."""
+    from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
+
+    expected = fault_free("fsdp", 3)
+    base = ["--mode", "fsdp", "--steps", str(STEPS)]
+    xor = ["--memory-redundancy", "xor"]
+    port = _free_port()
+    hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
+                                   nnodes=3, jit_options=xor)}
+    _wait_listening(port)
+    for name in ("host1", "host2"):  # (which of them gets rank 1 is the rendezvous's choice)
+        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, nproc_per_node=1, nnodes=3, jit_options=xor,
+                                   script_args=[*base, "--die", "1:5:backward:hang"])
+    deadline = time.monotonic() + 240
+    hung = None
+    while hung is None:
+        hung = next((name for name in ("host1", "host2") if "rank 1: hang myself in the backward of minibatch 5"
+                     in (tmp_path / f"{name}.log").read_text(errors="replace")), None)
+        assert time.monotonic() < deadline and hosts["host1"].poll() is None, (tmp_path / "host1.log").read_text()[-3000:]
+        time.sleep(0.1)
+    memories = [Path("/dev/shm") / f"jitckpt-{run.name[len('run-'):]}" for run in (tmp_path / "ckpt" / ".jitckpt").glob("run-*")]
+    while not any((m / "parity" / "step-00000005" / "group-0.json").is_file() for m in memories):
+        assert time.monotonic() < deadline, memories
+        time.sleep(0.05)
+    _lose_node(hosts[hung].pid)
+    hosts[hung].wait()
+    hosts["replacement"] = _launch_node(tmp_path, "replacement", port, script=PROGRAM, script_args=base,
+                                        nproc_per_node=1, nnodes=3, jit_options=xor)
+    other = "host2" if hung == "host1" else "host1"
+    results = {name: _finish(tmp_path, name, hosts[name]) for name in ("host0", other, "replacement")}
+    outputs = "\n".join(output for _, output, _ in results.values())
+    for code, output, report in results.values():
+        assert code == 0 and report is not None, output[-4000:]
+    assert f"final parameters sha256 {expected}" in outputs, outputs[-6000:]
+    assert "rebuilt step-00000005/rank-00001" in outputs and "from XOR parity" in outputs, outputs[-4000:]
+    assert resumes(outputs) == {0: (5, False), 1: (5, True), 2: (5, False)}, resumes(outputs)
+    assert "no RNG state" not in outputs and "not bit-exact" not in outputs, outputs[-4000:]
+    (failure,) = results["host0"][2]["failures"]
+    assert failure["resumed_from_minibatch"] == 5 and failure["minibatches_redone"] == 1, failure
+
+
+@pytest.mark.slow
 def test_two_neighbouring_hosts_lost_name_the_shard_with_no_copy_left_and_fall_back(tmp_path):
     """Three hosts of one FSDP2 rank each: hosts 1 and 2 are lost together.  Rank 1's copy was kept by rank 2,
     lost with it: beyond what one copy tolerates.  The selection names that shard, uses no partial step, and

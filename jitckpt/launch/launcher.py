@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "resumes with at most one minibatch redone: auto = when some rank's state has no copy, "
                              "on = always, off = never (a lost shard then means the newest checkpoint that covers "
                              f"every shard) [{config.ENV_MEMORY_TIER}, default %(default)s]")
+    parser.add_argument("--memory-redundancy", choices=config.MEMORY_REDUNDANCY_SCHEMES,
+                        default=env(config.ENV_MEMORY_REDUNDANCY, config.DEFAULT_MEMORY_REDUNDANCY),
+                        help="multi-node jobs: how the memory tier survives a lost host: replicate = a copy of every "
+                             "snapshot in the memory of the next node (twice the memory), xor = one XOR parity per "
+                             f"group of nodes ({config.ENV_MEMORY_XOR_GROUP} nodes, default all but one, at most 8), "
+                             "kept on a node outside the group, rebuilt from the others at a restart "
+                             f"[{config.ENV_MEMORY_REDUNDANCY}, default %(default)s]")
     parser.add_argument("--allow-inexact-resume", action="store_true",
                         default=env(config.ENV_ALLOW_INEXACT_RESUME, "") == "1",
                         help="go on when a rank's own per-rank state for the resumed minibatch cannot be found (its "
@@ -202,6 +209,12 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
     if args.memory_tier not in config.MEMORY_TIER_MODES:
         raise UsageError(f"{config.ENV_MEMORY_TIER} must be one of {', '.join(config.MEMORY_TIER_MODES)} "
                          f"(got {args.memory_tier!r})")
+    if args.memory_redundancy not in config.MEMORY_REDUNDANCY_SCHEMES:
+        raise UsageError(f"{config.ENV_MEMORY_REDUNDANCY} must be one of {', '.join(config.MEMORY_REDUNDANCY_SCHEMES)} "
+                         f"(got {args.memory_redundancy!r})")
+    group = os.environ.get(config.ENV_MEMORY_XOR_GROUP, "")
+    if group and not (group.isdigit() and int(group) >= 1):
+        raise UsageError(f"{config.ENV_MEMORY_XOR_GROUP} must be a number of nodes, 1 or more (got {group!r})")
     try:
         root = check_writable(args.checkpoint_dir or default_checkpoint_dir(args.command))
     except CheckpointError as exc:
@@ -227,6 +240,7 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
         config.ENV_SHM_DIR: str(shm_dir),
         config.ENV_WARM_RESTART: args.warm_restart,
         config.ENV_MEMORY_TIER: args.memory_tier,
+        config.ENV_MEMORY_REDUNDANCY: args.memory_redundancy,
         config.ENV_ALLOW_INEXACT_RESUME: "1" if args.allow_inexact_resume else "0",
     })
     # torch >= 2.4 lets the workers share the rendezvous store hosted by the

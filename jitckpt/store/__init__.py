@@ -6,7 +6,8 @@
 - ``selection``: which step a restarted rank loads (paper §3.3), for any tier;
 - ``disk``: ``DiskStore``, per-rank directories committed atomically with checksummed metadata;
 - ``memory``: ``MemoryStore``, the node's memory tier (snapshots of each rank's shard in host memory);
-- ``tiered``: ``TieredStore``, several tiers read as one (disk and memory).
+- ``tiered``: ``TieredStore``, several tiers read as one (disk and memory);
+- ``parity``: XOR parities of groups of snapshots, and the rebuild of a lost one from them.
 """
 
 from jitckpt.store.base import CheckpointInfo, CheckpointStore

@@ -106,6 +106,11 @@ def peer_copies(checkpoint_root: str | os.PathLike) -> DiskStore:
     return DiskStore(Path(checkpoint_root) / ".jitckpt" / PEER_COPIES)
 
 
+def parity_area(checkpoint_root: str | os.PathLike) -> Path:
+    """Where the XOR parities kept in hosts' memory are handed over at a JIT event (``jitckpt.store.parity``)."""
+    return Path(checkpoint_root) / ".jitckpt" / f"{PEER_COPIES}-parity"
+
+
 def keep_on_disk(disk: DiskStore, memory: MemoryStore, *more: DiskStore) -> tuple[int, list[str]] | None:
     """Copy the snapshots that complete the newest step of ``disk``, ``memory`` (and ``more``) into ``disk``.
 

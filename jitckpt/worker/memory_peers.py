@@ -1,20 +1,26 @@
-"""The memory tier across hosts: a copy of every rank's snapshot in the memory of a rank on another host.
+"""The memory tier across hosts: every rank's snapshot kept, as a copy or in a parity, by a rank of another host.
 
 Why.  A rank's snapshots live in its host's shared memory
 (``jitckpt.store.memory``): they outlive the rank's process, not its host.
 In a multi-node job a lost host takes its ranks' only snapshots with it, and
 the replacement host's ranks could not see the survivors' shared memory
-anyway.  So each snapshot is also kept by a rank of another host (the
-``replicate`` scheme with one copy: Deadpool's ring replication, placed as
-Gemini places its checkpoints, never on the snapshot's own host).
+anyway.  So each snapshot also leaves its host, by one of two schemes
+(``JITCKPT_MEMORY_REDUNDANCY``):
 
-Placement.  Rank ``r`` sends its copies to the rank with the same local rank
-on the next node of the ring of nodes (``r + LOCAL_WORLD_SIZE`` modulo the
-world size, torchrun's node-contiguous ranks); every rank checks, through
-the job's store, that this successor is on another node, else the copies are
-refused with a message.  One lost host thus never takes a shard together
-with its copy; two lost hosts that are neighbours in the ring can (the
-selection then names the shards that have no copy left and falls back).
+- ``replicate``: a copy kept by a rank of another host (Deadpool's ring
+  replication with one copy, placed as Gemini places its checkpoints):
+  rank ``r``'s copies go to the same local rank on the next node
+  (``r + LOCAL_WORLD_SIZE`` modulo the world size, torchrun's
+  node-contiguous ranks).  One lost host never takes a shard with its copy;
+  two neighbouring hosts of the ring can.
+- ``xor``: one XOR parity per group (REFT's scheme, across hosts): runs of
+  ``G`` consecutive nodes, the ranks of one local rank on a run forming a
+  group (``xor_group``), whose parity the same local rank on the node after
+  the run keeps (``jitckpt.store.parity``).  Memory: a parity instead of a
+  copy each; one member per group can be rebuilt.
+
+Every rank checks, through the job's store, that the rank keeping its
+copies is on another node, else the copies are refused with a message.
 
 Transport.  Its own TCP connections, not the job's process groups: the copies
 never sit between the training's collectives in any group's order, need no
@@ -39,15 +45,18 @@ copy of minibatch i landed costs one minibatch, as a lost process does; a
 host lost while that copy was still on its way costs two (the copies of
 i-1 are complete).
 
-Hand-over.  At a JIT event every surviving rank copies, from its host's
-memory, the snapshots it holds of its predecessor and its own snapshots of
-the newest two minibatches (not the one its JIT save just wrote) into
-``<checkpoint root>/.jitckpt/from-peer-memory`` on the shared file system
-(``jitckpt.store.memory.peer_copies``), a tier every rank's selection reads:
-a replacement host's ranks find their shards there, at the step the others
-resume from, and the step agreement settles any difference between hosts'
-views.  It costs up to four shard writes per surviving rank, at a failure
-only.
+Hand-over.  At a JIT event every surviving rank copies what a lost host's
+ranks need from its host's memory to the shared file system: with
+``replicate``, the copies it keeps of its predecessor and its own snapshots
+of the newest two minibatches (not the one its JIT save just wrote), into
+``<checkpoint root>/.jitckpt/from-peer-memory``
+(``jitckpt.store.memory.peer_copies``), a tier every rank's selection
+reads; with ``xor``, the parities it keeps (``parity_area``) and all its own
+snapshots, from which every restarted rank rebuilds, before it selects, the
+one lost member of a group (``MemorySnapshots.rebuild``).  A replacement
+host's ranks then find their shards at the step the others resume from, and
+the step agreement settles any difference between hosts' views.  It costs
+up to four shard writes per surviving rank, at a failure only.
 """
 
 from __future__ import annotations
@@ -64,15 +73,22 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
+
 from jitckpt import eventlog
 from jitckpt.store.disk import rank_dir_name, step_dir
-from jitckpt.store.memory import MemoryStore, install_rank_copy, peer_copies
+from jitckpt.store.memory import MemoryStore, install_rank_copy, parity_area, peer_copies
+from jitckpt.store.parity import blob_header, digest, files_of, parities, write_parity, xor_into
+from jitckpt.store.parity import prune as prune_parities
 from jitckpt.store.private import make_private_dir, open_private_file
 
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
 KEY_PREFIX = "jitckpt/memory-peers"
+SCHEMES = ("replicate", "xor")
+MAX_XOR_GROUP = 8  # nodes per XOR group by default (fewer if the job has fewer)
+PARITY_SUBDIR = "parity"  # beside the memory tier's snapshots: the XOR parities this host keeps
 _LENGTH = struct.Struct("!Q")
 _MAX_HEADER = 1 << 22  # bytes of JSON: a file list, never more
 _CHUNK = 1 << 20
@@ -97,16 +113,46 @@ def predecessor_of(rank: int, world_size: int, local_world_size: int) -> int:
     return (rank - local_world_size) % world_size
 
 
+def xor_group(rank: int, world_size: int, local_world_size: int, group_size: int) -> tuple[int, list[int], int]:
+    """``xor``: (the group's number, its members, the rank that keeps its parity) for ``rank``.
+
+    The nodes are cut into runs of ``group_size`` consecutive nodes (the last
+    run may be shorter); a group is the ranks of one local rank on one run,
+    and its parity goes to that local rank on the node after the run, never
+    a node of the group (``group_size`` < number of nodes).
+    """
+    nodes = world_size // local_world_size
+    if not 1 <= group_size < nodes:
+        raise PeerError(f"an XOR group of {group_size} nodes needs more than {group_size} nodes (the job has {nodes})")
+    node, local = divmod(rank, local_world_size)
+    run = node // group_size
+    first, end = run * group_size, min((run + 1) * group_size, nodes)
+    number = run * local_world_size + local
+    members = [n * local_world_size + local for n in range(first, end)]
+    return number, members, (end % nodes) * local_world_size + local
+
+
 class PeerCopies:
     """This rank's side of the copies across hosts (see the module docstring)."""
 
     def __init__(self, memory: MemoryStore, rank: int, world_size: int, local_world_size: int, node: int,
-                 timeout: float) -> None:
+                 timeout: float, scheme: str = "replicate", group_size: int = 0) -> None:
+        if scheme not in SCHEMES:
+            raise PeerError(f"no redundancy scheme {scheme!r} (one of {', '.join(SCHEMES)})")
         self.memory = memory
+        self.parity_root = memory.root.parent / PARITY_SUBDIR
         self.rank = rank
         self.node = node
-        self.successor = successor_of(rank, world_size, local_world_size)
+        self.scheme = scheme
         self.predecessor = predecessor_of(rank, world_size, local_world_size)
+        if scheme == "xor":
+            nodes = world_size // max(local_world_size, 1)
+            self.group, self.members, self.successor = xor_group(
+                rank, world_size, local_world_size, group_size or min(nodes - 1, MAX_XOR_GROUP))
+        else:
+            self.group, self.members = None, [rank]
+            self.successor = successor_of(rank, world_size, local_world_size)
+        self._accumulating: dict[tuple[int, int], dict] = {}  # (step, group) -> the parity so far (xor, receiving)
         self.timeout = timeout
         self.token = secrets.token_hex(16)
         self._listener: socket.socket | None = None
@@ -144,9 +190,9 @@ class PeerCopies:
     def send(self, snapshot: Path, step: int) -> int:
         """Copy the committed snapshot ``snapshot`` of minibatch ``step`` to the successor; returns bytes sent."""
         assert self._peer is not None
-        files = sorted(f for f in snapshot.rglob("*") if f.is_file())
-        header = {"token": self._peer["token"], "rank": self.rank, "step": step,
-                  "files": [[str(f.relative_to(snapshot)), f.stat().st_size] for f in files]}
+        header = {"token": self._peer["token"], "rank": self.rank, "step": step, "scheme": self.scheme,
+                  "group": self.group, "members": self.members, "files": [list(f) for f in files_of(snapshot)]}
+        files = [snapshot / path for path, _ in header["files"]]
         for attempt in (1, 2):  # (once more on a fresh connection: the successor may have restarted its side)
             try:
                 conn = self._connection()
@@ -259,28 +305,71 @@ class PeerCopies:
                 finally:
                     os.close(fd)
 
+        if header.get("scheme", "replicate") == "xor":
+            return self._accumulate(conn, header, rank, step, files), True
         self.memory.prune_rank(rank, step, drop_later=rank not in self._seen)
         self._seen.add(rank)
         if not install_rank_copy(self.memory.root, step, rank_dir_name(rank), fill):
             _drain(conn, total)  # (a copy of that step is there already: keep it)
         return "ok", True
 
+    def _accumulate(self, conn: socket.socket, header: dict, rank: int, step: int,
+                    files: list[tuple[list[str], int]]) -> str:
+        """``xor``: fold one member's snapshot into its group's parity; the parity is published once every
+        member's snapshot of the step is in."""
+        group, members = header.get("group"), header.get("members")
+        blob = bytearray(blob_header([("/".join(parts), size) for parts, size in files]))
+        for _, size in files:
+            blob += _read_exact(conn, size)
+        if not (isinstance(group, int) and isinstance(members, list) and rank in members
+                and all(isinstance(m, int) and m >= 0 for m in members) and len(members) <= 1024):
+            return f"refused: group {group!r}, members {members!r:.80}"
+        key = (step, group)
+        for old in [k for k in self._accumulating if k[0] < step - 1 or (k[0] > step and rank not in self._seen)]:
+            del self._accumulating[old]  # (older steps: never completed; later ones: a timeline cut short)
+        self._seen.add(rank)
+        entry = self._accumulating.setdefault(key, {"parity": np.zeros(0, np.uint8), "members": {}, "of": set(members)})
+        if rank in entry["members"]:
+            return "ok"  # (sent again after a reconnect: already folded in)
+        entry["parity"] = xor_into(entry["parity"], blob)
+        entry["members"][rank] = (len(blob), digest(blob))
+        if set(entry["members"]) >= entry["of"]:
+            write_parity(self.parity_root, step, group, entry["parity"], entry["members"])
+            del self._accumulating[key]
+            prune_parities(self.parity_root, step - 1)
+        return "ok"
+
     # ----- the hand-over at a JIT event ---------------------------------------------------
 
     def hand_over(self, checkpoint_root: Path, saved_step: int | None) -> list[str]:
-        """Copy the predecessor's snapshots held here, and this rank's own (but the minibatch its JIT save
-        wrote), into the shared ``peer_copies`` tier; returns what was copied (``step-N/rank-R``)."""
+        """Copy into the shared ``peer_copies`` tier what another host's lost rank needs: ``replicate``: the
+        predecessor's copies held here and this rank's own snapshots (but the minibatch its JIT save wrote);
+        ``xor``: the parities kept here and every own snapshot (the others' rebuild reads them).  Returns
+        what was copied (``step-N/rank-R``, ``step-N/group-G``)."""
         target = peer_copies(checkpoint_root).root
         handed = []
-        for rank in (self.predecessor, self.rank):
+        ranks = (self.predecessor, self.rank) if self.scheme == "replicate" else (self.rank,)
+        for rank in ranks:
             name = rank_dir_name(rank)
             for step in self.memory.list_steps():
                 source = step_dir(self.memory.root, step) / name
-                if (rank == self.rank and step == saved_step) or not source.is_dir():
+                if (self.scheme == "replicate" and rank == self.rank and step == saved_step) or not source.is_dir():
                     continue
                 make_private_dir(target, parents=True)
                 if install_rank_copy(target, step, name, lambda partial: shutil.copytree(source, partial)):
                     handed.append(f"{step_dir(target, step).name}/{name}")
+        shared = parity_area(checkpoint_root)
+        for step, group, meta in parities(self.parity_root):
+            there = step_dir(shared, step)
+            if (there / meta.name).exists():
+                continue
+            make_private_dir(there, parents=True)
+            for part in (meta.with_suffix(".parity"), meta):  # (the JSON last: it marks the parity complete)
+                hidden = there / f".{part.name}.partial-{os.getpid()}"
+                shutil.copyfile(part, hidden)
+                os.chmod(hidden, 0o600)
+                os.replace(hidden, there / part.name)
+            handed.append(f"{there.name}/group-{group}")
         return handed
 
     def close(self) -> None:

@@ -158,7 +158,7 @@ class MemorySnapshots:
         if self.needed and rt.rank == 0:
             log(f"memory tier: the state of rank(s) {', '.join(map(str, alone[:8]))}{' ...' if len(alone) > 8 else ''} "
                 f"has no copy on another rank; every rank's shard is snapshotted into host memory ({self.root}) at "
-                f"the start of every minibatch{', each with a copy on a rank of another host' if self.peers else ''} "
+                f"the start of every minibatch{self._redundancy()} "
                 f"[{config.ENV_MEMORY_TIER}=off turns this off]")
         return self.needed
 
@@ -166,7 +166,13 @@ class MemorySnapshots:
         """A multi-node job: set up the copies of this rank's snapshots on another host; why not, if it fails."""
         node = int(os.environ.get("GROUP_RANK", rt.rank // max(rt.local_world_size, 1)))
         timeout = config.env_float(config.ENV_AGREEMENT_TIMEOUT, config.DEFAULT_AGREEMENT_TIMEOUT)
-        peers = PeerCopies(self.store, rt.rank, rt.world_size, rt.local_world_size, node, timeout)
+        scheme = os.environ.get(config.ENV_MEMORY_REDUNDANCY, config.DEFAULT_MEMORY_REDUNDANCY)
+        group = int(os.environ.get(config.ENV_MEMORY_XOR_GROUP) or 0)
+        try:
+            peers = PeerCopies(self.store, rt.rank, rt.world_size, rt.local_world_size, node, timeout, scheme, group)
+        except PeerError as exc:
+            log(f"memory tier off for rank {rt.rank}: {exc}")
+            return f"the redundancy across hosts cannot be set up ({exc})"
         try:
             store = job_store(rt, timeout)
             if store is None:
@@ -179,6 +185,31 @@ class MemorySnapshots:
         self.peers = peers
         peers.timeout = max(rt.hang_timeout, 5.0)  # (a copy waits no longer than a collective would)
         return None
+
+    def _redundancy(self) -> str:
+        """How the snapshots survive a lost host, in words (for rank 0's line)."""
+        if self.peers is None:
+            return ""
+        if self.peers.scheme == "xor":
+            return (f", each group of {len(self.peers.members)} host(s) with one XOR parity on another host "
+                    f"(rank {self.peers.successor} keeps rank {self.peers.rank}'s group's)")
+        return ", each with a copy on a rank of another host"
+
+    def rebuild(self, rt: "JitRuntime") -> None:
+        """Before a selection: rebuild, from the XOR parities handed over, any lost snapshot of a group whose
+        other members are at hand (``jitckpt.store.parity``); says what it did and could not do."""
+        from jitckpt.store.memory import parity_area
+        from jitckpt.store.parity import rebuild
+
+        if not parity_area(rt.checkpoint_root).is_dir():
+            return
+        started = time.perf_counter()
+        done, failed = rebuild(parity_area(rt.checkpoint_root), peer_copies(rt.checkpoint_root).root)
+        if done:
+            log(f"memory tier: rebuilt {', '.join(done)} from XOR parity in {time.perf_counter() - started:.2f}s")
+            eventlog.record("memory_rebuilt", rank=rt.rank, attempt=rt.attempt, rebuilt=done)
+        for why in failed:
+            log(f"memory tier: {why}")
 
     def holds(self, path: Path) -> bool:
         """True for a snapshot of this tier: in this host's memory, or handed over from another host's."""
@@ -260,7 +291,8 @@ class MemorySnapshots:
             eventlog.record("memory_peer_copy_failed", rank=rt.rank, attempt=rt.attempt, step=step, error=error)
             return
         if self.peers.sent == 1 or self._peer_failing:
-            log(f"memory tier: copy of minibatch {step}'s snapshot kept by rank {self.peers.successor} on another "
+            kept = "folded into the XOR parity kept" if self.peers.scheme == "xor" else "kept"
+            log(f"memory tier: copy of minibatch {step}'s snapshot {kept} by rank {self.peers.successor} on another "
                 f"host ({(size or 0) / 1024:.0f} KiB in {seconds * 1000:.1f} ms, beside the training)")
             eventlog.record("memory_peer_copy", rank=rt.rank, attempt=rt.attempt, step=step, bytes=size,
                             seconds=seconds)

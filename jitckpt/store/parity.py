@@ -1,0 +1,177 @@
+"""XOR parity of a group of rank snapshots: one parity held instead of a copy of each (REFT's scheme, across hosts).
+
+Blob.  A rank directory (a snapshot: its files, metadata and checksums) is
+turned into one byte string for the parity: an 8-byte big-endian length, a
+JSON list of ``[relative path, size]`` in sorted order, then the files' bytes
+in that order.  The same directory always gives the same blob, and a blob
+gives the directory back (its paths checked: no absolute path, no ``..``).
+
+Parity.  For minibatch N and group G, ``<root>/step-N/group-G.parity`` holds
+the XOR of the members' blobs, each padded with zeros to the longest, and
+``group-G.json`` each member's blob length and BLAKE2b digest.  Written under
+hidden names and renamed, owner-only.  With every member but one at hand,
+XOR-ing their blobs into the parity gives the missing one back, checked
+against its digest before its directory is written; a rebuilt directory
+still carries the snapshot's own checksums, which the selection verifies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from jitckpt.store.disk import rank_dir_name, step_dir
+from jitckpt.store.memory import install_rank_copy
+from jitckpt.store.private import make_private_dir, open_private_file, write_private_file
+
+_LENGTH = struct.Struct("!Q")
+_GROUP = re.compile(r"^group-(\d+)\.json$")
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+class ParityError(Exception):
+    """A parity or a blob that cannot be used: the reason."""
+
+
+def files_of(directory: Path) -> list[tuple[str, int]]:
+    """``(relative path, size)`` of every file under ``directory``, in the blob's order."""
+    found = [(f.relative_to(directory).as_posix(), f.stat().st_size) for f in directory.rglob("*") if f.is_file()]
+    return sorted(found)
+
+
+def blob_header(files: list[tuple[str, int]]) -> bytes:
+    """The blob's bytes before the files' contents."""
+    raw = json.dumps([list(f) for f in files]).encode()
+    return _LENGTH.pack(len(raw)) + raw
+
+
+def blob_of(directory: Path) -> bytes:
+    """The blob of a rank directory (see the module docstring)."""
+    files = files_of(directory)
+    return blob_header(files) + b"".join((directory / path).read_bytes() for path, _ in files)
+
+
+def unpack_blob(blob: bytes, target: Path) -> None:
+    """Write the directory that ``blob`` describes into the new folder ``target``, owner-only."""
+    if len(blob) < _LENGTH.size:
+        raise ParityError("a blob too short for its header")
+    (length,) = _LENGTH.unpack_from(blob)
+    try:
+        files = json.loads(blob[_LENGTH.size:_LENGTH.size + length])
+    except ValueError as exc:
+        raise ParityError(f"a blob whose file list is unreadable ({exc})") from None
+    offset = _LENGTH.size + length
+    make_private_dir(target)
+    for item in files if isinstance(files, list) else [None]:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
+            raise ParityError(f"a blob with a bad file entry {item!r:.80}")
+        parts = item[0].split("/")
+        if item[1] < 0 or any(p in ("", ".", "..") or "\0" in p for p in parts) or offset + item[1] > len(blob):
+            raise ParityError(f"a blob with a bad file entry {item!r:.80}")
+        if len(parts) > 1:
+            make_private_dir(target.joinpath(*parts[:-1]), parents=True)
+        fd = open_private_file(target.joinpath(*parts), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with open(fd, "wb") as out:
+            out.write(blob[offset:offset + item[1]])
+        offset += item[1]
+
+
+def digest(blob: bytes | memoryview) -> str:
+    return hashlib.blake2b(blob, digest_size=16).hexdigest()
+
+
+def xor_into(parity: np.ndarray, blob: bytes | memoryview) -> np.ndarray:
+    """``parity`` XOR ``blob`` (zero-padded to the longer of the two); returns the (possibly grown) parity."""
+    data = np.frombuffer(blob, np.uint8)
+    if len(data) > len(parity):
+        parity = np.concatenate([parity, np.zeros(len(data) - len(parity), np.uint8)])
+    np.bitwise_xor(parity[:len(data)], data, out=parity[:len(data)])
+    return parity
+
+
+def write_parity(root: Path, step: int, group: int, parity: np.ndarray, members: dict[int, tuple[int, str]]) -> None:
+    """Publish the parity of ``group`` for ``step`` under ``root`` (the parity file first, its JSON last)."""
+    here = step_dir(root, step)
+    make_private_dir(here, parents=True)
+    name = f"group-{group}"
+    hidden = here / f".{name}.parity.partial-{os.getpid()}"
+    fd = open_private_file(hidden, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with open(fd, "wb") as out:
+        out.write(parity.tobytes())
+    os.replace(hidden, here / f"{name}.parity")
+    meta = {"step": step, "group": group, "size": len(parity),
+            "members": {str(rank): {"length": length, "blake2b": d} for rank, (length, d) in sorted(members.items())}}
+    write_private_file(here / f".{name}.json.partial-{os.getpid()}", json.dumps(meta).encode())
+    os.replace(here / f".{name}.json.partial-{os.getpid()}", here / f"{name}.json")
+
+
+def parities(root: Path) -> list[tuple[int, int, Path]]:
+    """``(step, group, json path)`` of every complete parity under ``root``, newest step first."""
+    found = []
+    for entry in root.iterdir() if root.is_dir() else []:
+        step = _STEP.match(entry.name)
+        if not step:
+            continue
+        for meta in entry.iterdir():
+            group = _GROUP.match(meta.name)
+            if group and meta.with_suffix(".parity").is_file():
+                found.append((int(step.group(1)), int(group.group(1)), meta))
+    return sorted(found, key=lambda f: (-f[0], f[1]))
+
+
+def prune(root: Path, keep_from: int) -> None:
+    """Remove the parities of steps before ``keep_from``."""
+    for step, _, meta in parities(root):
+        if step < keep_from:
+            shutil.rmtree(meta.parent, ignore_errors=True)
+
+
+def rebuild(parity_root: Path, copies_root: Path) -> tuple[list[str], list[str]]:
+    """Rebuild, into ``copies_root`` (``step-N/rank-R``), every member missing there alone from its group.
+
+    Returns (what was rebuilt, why each group with more than one member
+    missing, or a parity that does not check, could not be).  The members
+    at hand must be in ``copies_root`` (the hand-over puts every surviving
+    rank's own snapshots there).
+    """
+    rebuilt, failed = [], []
+    for step, group, meta_path in parities(parity_root):
+        try:
+            meta = json.loads(meta_path.read_text())
+            members = {int(rank): (int(m["length"]), str(m["blake2b"])) for rank, m in meta["members"].items()}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            failed.append(f"{meta_path}: unreadable ({exc})")
+            continue
+        here = step_dir(copies_root, step)
+        missing = [rank for rank in members if not (here / rank_dir_name(rank)).is_dir()]
+        if not missing:
+            continue
+        if len(missing) > 1:
+            failed.append(f"minibatch {step}: ranks {', '.join(map(str, sorted(missing)))} of one XOR group are "
+                          f"all lost (a group's parity rebuilds one)")
+            continue
+        lost = missing[0]
+        try:
+            parity = np.fromfile(meta_path.with_suffix(".parity"), np.uint8).copy()
+            for rank in members:
+                if rank != lost:
+                    blob = blob_of(here / rank_dir_name(rank))
+                    if digest(blob) != members[rank][1]:
+                        raise ParityError(f"rank {rank}'s snapshot there is not the one the parity was made of")
+                    parity = xor_into(parity, blob)
+            length, expected = members[lost]
+            blob = parity[:length].tobytes()
+            if digest(blob) != expected:
+                raise ParityError("the rebuilt snapshot does not match its digest (a corrupt parity?)")
+            if install_rank_copy(copies_root, step, rank_dir_name(lost), lambda partial: unpack_blob(blob, partial)):
+                rebuilt.append(f"{step_dir(copies_root, step).name}/{rank_dir_name(lost)}")
+        except (OSError, ParityError) as exc:
+            failed.append(f"minibatch {step}: rank {lost}'s snapshot cannot be rebuilt ({exc})")
+    return rebuilt, failed
