@@ -5,6 +5,8 @@ SIGKILLed by the script itself after its backward of minibatch ``--die``,
 interleaved rep by rep:
 
 - ``torchrun, no failure``: the reference (wall time and final parameters);
+- ``jit-run, no failure``: the job under jit-run with nothing failing (what
+  jit-run costs by itself: its snapshots, its standbys);
 - ``jit-run (memory tier)``: the job under jit-run as a user runs it; the
   lost rank's shard comes back from host memory, one minibatch redone;
 - ``torchrun + DCP every K``: what a user does without jitckpt: a
@@ -15,11 +17,15 @@ interleaved rep by rep:
 Each job's wall time includes everything its way of working costs: the
 snapshots or the periodic saves while nothing fails, the detection, the
 restart, the load, and the minibatches redone.  "Lost to the failure" is a
-job's wall time minus the fault-free run's of the same rep.  Every job must
+job's wall time minus the fault-free torchrun run's of the same rep; "of
+which the failure itself" subtracts instead the same launcher's fault-free
+run (jit-run's for jit-run, torchrun's for DCP, whose periodic saves then
+count as the failure's price).  Every job must
 end with the fault-free run's parameters (checked: the benchmark fails
 otherwise).  Machines are noisy: compare the ratios of one invocation.
 
     python benchmarks/sharded_recovery.py               # ~8 min on 2 cores
+    python benchmarks/sharded_recovery.py --steps 200 --die 160 --dcp-every 50 100
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ JOB = harness.BENCH_DIR / "sharded_job.py"
 
 
 def variants(args: argparse.Namespace) -> list[str]:
-    return ["torchrun, no failure", "jit-run (memory tier)", *(f"torchrun + DCP every {k}" for k in args.dcp_every)]
+    return ["torchrun, no failure", "jit-run, no failure", "jit-run (memory tier)",
+            *(f"torchrun + DCP every {k}" for k in args.dcp_every)]
 
 
 def command(variant: str, args: argparse.Namespace, work: Path) -> list[str]:
@@ -47,7 +54,8 @@ def command(variant: str, args: argparse.Namespace, work: Path) -> list[str]:
     launch = ["--standalone", "--nproc_per_node", str(args.nproc), "--max-restarts", "1"]
     if variant == "torchrun, no failure":
         return [*harness.torchrun(), *launch, *job]
-    job += ["--die", str(args.die)]
+    if variant != "jit-run, no failure":
+        job += ["--die", str(args.die)]
     if variant.startswith("jit-run"):
         return [*harness.jit_run(), "--checkpoint-dir", str(work / "ckpt"), "torchrun", *launch, *job]
     every = variant.rsplit(" ", 1)[1]
@@ -93,17 +101,21 @@ def main() -> None:
     base = statistics.median(lost["jit-run (memory tier)"])
     rows = []
     for v in names:
+        failing = "no failure" not in v
         redone = "-" if not resumed[v] else f"{statistics.median(args.die + 1 - s for s in resumed[v]):.0f}"
-        ratio = "-" if v.startswith("torchrun, no") else f"{statistics.median(lost[v]) / base:.2f}x" if base > 0 else "-"
+        ratio = f"{statistics.median(lost[v]) / base:.2f}x" if failing and base > 0 else "-"
+        own = "jit-run, no failure" if v.startswith("jit-run") else "torchrun, no failure"
+        itself = [w - o for w, o in zip(wall[v], wall[own])]
         rows.append([v, harness.spread(wall[v], "{:.1f}"),
-                     "-" if v.startswith("torchrun, no") else harness.spread(lost[v], "{:.1f}"),
+                     harness.spread(lost[v], "{:.1f}") if v != "torchrun, no failure" else "-",
+                     harness.spread(itself, "{:.1f}") if failing else "-",
                      "-" if not resumed[v] else ", ".join(sorted({str(s) for s in resumed[v]})), redone, ratio])
     print(f"\n{harness.machine_summary()}")
     print(f"FSDP2 MLP {args.layers}x{args.hidden}, batch {args.batch}, {args.nproc} ranks, gloo, {args.steps} "
           f"minibatches, last rank killed after its backward of minibatch {args.die} ({args.reps} reps, "
           f"interleaved); every run ended with the fault-free parameters\n")
-    print(harness.table(["variant", "wall s, median [min, max]", "lost to the failure, s", "resumed at",
-                         "minibatches redone", "lost vs jit-run"], rows))
+    print(harness.table(["variant", "wall s, median [min, max]", "lost to the failure, s",
+                         "of which the failure itself, s", "resumed at", "minibatches redone", "lost vs jit-run"], rows))
     if args.json:
         args.json.write_text(json.dumps({"wall": wall, "lost": lost, "resumed": resumed, "args": vars(args) | {
             "log_dir": str(log_dir), "json": str(args.json)}}, indent=1, default=str))

@@ -132,21 +132,69 @@ def _raw_send(peer: PeerCopies, header: dict, body: bytes) -> str:
 
 @pytest.mark.parametrize("header, body, answer", [
     ({"token": "wrong", "rank": 0, "step": 1, "files": [["state.pt", 3]]}, b"abc", "refused: not this job's token"),
-    ({"token": None, "rank": 0, "step": 1, "files": [["../../escape", 3]]}, b"abc", ""),
-    ({"token": None, "rank": 0, "step": 1, "files": [["/etc/x", 3]]}, b"abc", ""),
+    ({"token": None, "rank": 0, "step": 1, "files": [["../../escape", 3]]}, b"abc", None),
+    ({"token": None, "rank": 0, "step": 1, "files": [["/etc/x", 3]]}, b"abc", None),
+    ({"token": None, "rank": 5, "step": 1, "files": [["state.pt", 3]]}, b"abc", "refused: rank 5"),
     ({"token": None, "rank": 1, "step": 1, "files": [["state.pt", 3]]}, b"abc", "refused: rank 1"),
     ({"token": None, "rank": 0, "step": -2, "files": [["state.pt", 3]]}, b"abc", "refused: rank 0, step -2"),
     ({"token": None, "rank": 0, "step": 1, "files": [["state.pt", 1 << 60]]}, b"", f"refused: {1 << 60} bytes"),
-], ids=["foreign-token", "dot-dot", "absolute", "own-rank", "negative-step", "larger-than-shared-memory"])
+], ids=["foreign-token", "dot-dot", "absolute", "not-kept-here", "own-rank", "negative-step",
+        "larger-than-shared-memory"])
 def test_an_untrusted_copy_is_refused_and_nothing_is_written(tmp_path, header, body, answer):
     sender, receiver = _pair(tmp_path)
     try:
         if header["token"] is None:
             header["token"] = receiver.token
         got = _raw_send(receiver, header, body)
-        assert got.startswith(answer), got
+        if answer is None:  # (a header naming a place outside the copy: the connection is dropped, unanswered)
+            assert got == "" or got.startswith("dropped"), got
+        else:
+            assert got.startswith(answer), got
         assert receiver.memory.list_steps() == []
         assert not (tmp_path / "escape").exists() and not list(tmp_path.rglob("escape"))
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_stream_that_ends_early_leaves_nothing_behind(tmp_path):
+    sender, receiver = _pair(tmp_path)
+    try:
+        header = {"token": receiver.token, "rank": 0, "step": 2, "files": [["state.pt", 1000]]}
+        with socket.create_connection(("127.0.0.1", receiver._listener.getsockname()[1]), timeout=5) as conn:
+            raw = json.dumps(header).encode()
+            conn.sendall(_LENGTH.pack(len(raw)) + raw + b"x" * 10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(receiver.memory.root.rglob(".*partial*")):
+            time.sleep(0.05)  # (wait for the receiver to have started, then for it to have given up)
+        time.sleep(0.3)
+        assert not list(receiver.memory.root.rglob("*partial*")) and receiver.memory.list_steps() in ([], [2])
+        assert not list(receiver.memory.root.rglob("rank-*"))
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def test_a_hand_over_goes_on_past_a_copy_that_fails(tmp_path, monkeypatch):
+    from jitckpt.worker import memory_peers
+
+    sender, receiver = _pair(tmp_path)
+    try:
+        for step in (4, 5):
+            sender.send(_snapshot(sender.memory, 0, step), step)
+            _snapshot(receiver.memory, 1, step)
+        original = memory_peers.copy_private
+
+        def failing(source, target):
+            if source.parent.name == "step-00000005" and source.name == "rank-00000":
+                raise OSError("disk full")
+            original(source, target)
+
+        monkeypatch.setattr(memory_peers, "copy_private", failing)
+        with pytest.raises(memory_peers.HandOverError) as caught:
+            receiver.hand_over(tmp_path / "ckpt", saved_step=None)
+        assert caught.value.failed == ["step-00000005/rank-00000: disk full"]
+        assert caught.value.handed == ["step-00000004/rank-00000", "step-00000005/rank-00001", "step-00000004/rank-00001"]
     finally:
         sender.close()
         receiver.close()
@@ -177,12 +225,22 @@ def test_hand_over_puts_the_predecessors_copies_and_own_older_snapshots_where_ev
         pending = disk.begin_save(5, _fsdp(1))
         pending.write_file("state.pt", b"jit save of rank 1")
         pending.commit({"reason": "test"})
-        handed = receiver.hand_over(root, saved_step=5)
+        previous = os.umask(0)  # whatever the umask, everything handed over is owner-only
+        try:
+            handed = receiver.hand_over(root, saved_step=5)
+        finally:
+            os.umask(previous)
+        for path in [p for p in (root / ".jitckpt").rglob("*")]:
+            assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path
         assert handed == ["step-00000005/rank-00000", "step-00000004/rank-00000", "step-00000004/rank-00001"], handed
         fresh_host = TieredStore(disk, MemoryStore(tmp_path / "replacement"), peer_copies(root))
         info = select(fresh_host, _fsdp(0))
         assert info.step == 5 and info.path.is_relative_to(peer_copies(root).root), info
-        assert receiver.hand_over(root, saved_step=5) == []  # never over a copy already there
+        # An earlier attempt's hand-over left rank 0's snapshot of minibatch 9 (another timeline): it goes.
+        stale = peer_copies(root).root / "step-00000009" / "rank-00000"
+        stale.mkdir(parents=True)
+        assert receiver.hand_over(root, saved_step=5) == handed  # again: each copy replaced, none left as it was
+        assert not stale.exists()
     finally:
         sender.close()
         receiver.close()

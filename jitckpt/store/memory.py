@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from jitckpt.store.disk import DiskStore, rank_dir_name, step_dir
-from jitckpt.store.private import make_private_dir
+from jitckpt.store.private import make_private_dir, open_private_file
 
 SUBDIR = "memory"
 PEER_COPIES = "from-peer-memory"
@@ -79,25 +79,44 @@ def _entries(path: Path) -> list[Path]:
         return []
 
 
-def install_rank_copy(root: Path, step: int, name: str, fill: Callable[[Path], None]) -> bool:
+def install_rank_copy(root: Path, step: int, name: str, fill: Callable[[Path], None], replace: bool = False) -> bool:
     """Publish a copy of rank directory ``name`` of ``step`` under ``root``: ``fill(partial)`` writes it under a
-    hidden name, then it is renamed into place.  Never over a rank directory already there: returns False then."""
+    hidden name, then it is renamed into place.  Never over a rank directory already there (returns False
+    then), unless ``replace``: then the one there is removed first.  Whatever ``fill`` raises, no partial
+    directory is left behind."""
     target = step_dir(root, step)
     final = target / name
     if final.exists():
-        return False
+        if not replace:
+            return False
+        shutil.rmtree(final, ignore_errors=True)
     make_private_dir(target, parents=True)
     partial = target / f".{name}.partial-{os.getpid()}-{threading.get_ident()}"
     shutil.rmtree(partial, ignore_errors=True)
     try:
         fill(partial)
         os.replace(partial, final)
-    except OSError:
+    except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)
-        if final.exists():
+        if isinstance(exc, OSError) and final.exists():
             return False  # (another copy of it won the race)
         raise
     return True
+
+
+def copy_private(source: Path, target: Path) -> None:
+    """Copy the folder ``source`` to the new folder ``target``, every folder and file owner-only whatever the
+    umask (``shutil.copytree`` would follow the umask); links are not followed but refused."""
+    make_private_dir(target)
+    for entry in sorted(source.iterdir()):
+        if entry.is_symlink():
+            raise OSError(f"{entry}: a link in a snapshot")
+        if entry.is_dir():
+            copy_private(entry, target / entry.name)
+        else:
+            fd = open_private_file(target / entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with open(fd, "wb") as out, open(entry, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
 
 
 def peer_copies(checkpoint_root: str | os.PathLike) -> DiskStore:
@@ -132,6 +151,6 @@ def keep_on_disk(disk: DiskStore, memory: MemoryStore, *more: DiskStore) -> tupl
     copied = []
     for tier in (memory, *more):
         for source in sorted(p for p in _entries(step_dir(tier.root, step)) if not p.name.startswith(".")):
-            if install_rank_copy(disk.root, step, source.name, lambda partial: shutil.copytree(source, partial)):
+            if install_rank_copy(disk.root, step, source.name, lambda partial: copy_private(source, partial)):
                 copied.append(source.name)
     return (step, sorted(copied)) if copied else None

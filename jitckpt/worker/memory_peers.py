@@ -76,8 +76,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from jitckpt import eventlog
-from jitckpt.store.disk import rank_dir_name, step_dir
-from jitckpt.store.memory import MemoryStore, install_rank_copy, parity_area, peer_copies
+from jitckpt.store.disk import DiskStore, rank_dir_name, step_dir
+from jitckpt.store.memory import MemoryStore, copy_private, install_rank_copy, parity_area, peer_copies
 from jitckpt.store.parity import blob_header, digest, files_of, parities, write_parity, xor_into
 from jitckpt.store.parity import prune as prune_parities
 from jitckpt.store.private import make_private_dir, open_private_file
@@ -96,6 +96,14 @@ _CHUNK = 1 << 20
 
 class PeerError(Exception):
     """A copy could not be sent or was refused: the reason, for the log."""
+
+
+class HandOverError(Exception):
+    """Some of what a hand-over should have copied could not be: what was, and what failed (each with why)."""
+
+    def __init__(self, handed: list[str], failed: list[str]) -> None:
+        super().__init__(f"{len(failed)} could not be handed over: {'; '.join(failed)}")
+        self.handed, self.failed = handed, failed
 
 
 def is_multi_node(rt: "JitRuntime") -> bool:
@@ -152,22 +160,37 @@ class PeerCopies:
         else:
             self.group, self.members = None, [rank]
             self.successor = successor_of(rank, world_size, local_world_size)
+        # The ranks whose snapshots this rank keeps (a copy, or in a parity): copies of any other are refused.
+        if scheme == "xor":
+            size = group_size or min(nodes - 1, MAX_XOR_GROUP)
+            groups = [xor_group(r, world_size, local_world_size, size)
+                      for r in range(rank % local_world_size, world_size, local_world_size)]
+            self.keeps_for = {m for _, members, holder in groups if holder == rank for m in members}
+        else:
+            self.keeps_for = {self.predecessor}
         self._accumulating: dict[tuple[int, int], dict] = {}  # (step, group) -> the parity so far (xor, receiving)
+        self._frozen = False  # a JIT event: what this host keeps is handed over as it is, nothing more comes in
         self.timeout = timeout
         self.token = secrets.token_hex(16)
         self._listener: socket.socket | None = None
         self._peer: dict | None = None  # the successor's published entry
         self._conn: socket.socket | None = None
         self._seen: set[int] = set()  # ranks whose first copy this process received (it drops their later steps)
+        self._received: set[tuple[int, int]] = set()  # (rank, step) of the copies this process received
         self._idle = threading.Event()  # no copy in flight
         self._idle.set()
         self.sent = 0
 
     # ----- set-up ----------------------------------------------------------------------
 
+    @staticmethod
+    def publish_off(store: Any, prefix: str, rank: int, why: str) -> None:
+        """Say in the job's store that ``rank`` keeps no copies (so that the rank sending to it need not wait)."""
+        store.set(f"{prefix}/{rank}", json.dumps({"off": why}))
+
     def start(self, store: Any, prefix: str) -> None:
         """Listen for the predecessor's copies, publish where under ``prefix`` in the job's ``store``, and find
-        the successor there; raises PeerError."""
+        the successor there (waiting at most ``timeout`` seconds for it); raises PeerError."""
         listener = socket.create_server(("0.0.0.0", 0))
         self._listener = listener
         entry = {"host": _my_address(), "port": listener.getsockname()[1], "node": self.node, "token": self.token}
@@ -180,6 +203,8 @@ class PeerCopies:
         except Exception as exc:  # (a timeout, a store that went away)
             raise PeerError(f"rank {self.successor}, which keeps this rank's copies, never said where it listens "
                             f"({type(exc).__name__}: {exc})") from None
+        if "off" in peer:
+            raise PeerError(f"rank {self.successor}, which would keep this rank's copies, keeps none ({peer['off']})")
         if peer.get("node") == self.node:
             raise PeerError(f"rank {self.successor} is on this rank's own node {self.node}, so its copies would "
                             f"die with this host (ranks not placed node by node?)")
@@ -256,7 +281,11 @@ class PeerCopies:
             try:
                 conn, _ = self._listener.accept()
             except OSError:
-                return
+                if self._listener.fileno() < 0:
+                    return  # (closed)
+                time.sleep(0.1)  # (out of descriptors, a connection reset before it was accepted: go on)
+                continue
+            conn.settimeout(max(4 * self.timeout, 60.0))  # (an idle or silent connection ends; senders reconnect)
             threading.Thread(target=self._receive_from, args=(conn,), name="jitckpt-memory-peer", daemon=True).start()
 
     def _receive_from(self, conn: socket.socket) -> None:
@@ -267,7 +296,7 @@ class PeerCopies:
                     if raw is None:
                         return
                     answer, go_on = self._receive_one(conn, _LENGTH.unpack(raw)[0])
-                except (OSError, ValueError) as exc:
+                except (OSError, ValueError, RecursionError) as exc:
                     eventlog.record("memory_peer_refused", rank=self.rank, error=f"{type(exc).__name__}: {exc}")
                     return  # (a broken stream cannot be resynchronised: the sender reconnects)
                 try:
@@ -288,11 +317,14 @@ class PeerCopies:
         rank, step = header.get("rank"), header.get("step")
         total = sum(size for _, size in files)
         free = _free_bytes(self.memory.root)
-        if free is not None and total > free:
+        if free is not None and 2 * total > free:  # (room to spare: the job's own snapshots, NCCL, DataLoaders)
             return f"refused: {total} bytes, {free} free in this host's shared memory", False
-        if not isinstance(rank, int) or not isinstance(step, int) or rank < 0 or step < 0 or rank == self.rank:
+        if not isinstance(step, int) or step < 0 or rank not in self.keeps_for:
             _drain(conn, total)
-            return f"refused: rank {rank!r}, step {step!r}", True
+            return f"refused: rank {rank!r}, step {step!r} (this rank keeps copies of rank(s) {sorted(self.keeps_for)})", True
+        if self._frozen:
+            _drain(conn, total)
+            return "refused: a JIT event is under way here", True
 
         def fill(partial: Path) -> None:  # straight from the socket into the files: no copy held in memory
             make_private_dir(partial)
@@ -309,8 +341,9 @@ class PeerCopies:
             return self._accumulate(conn, header, rank, step, files), True
         self.memory.prune_rank(rank, step, drop_later=rank not in self._seen)
         self._seen.add(rank)
-        if not install_rank_copy(self.memory.root, step, rank_dir_name(rank), fill):
-            _drain(conn, total)  # (a copy of that step is there already: keep it)
+        # (replacing a copy of that step an earlier worker received: this timeline's is the one to keep)
+        install_rank_copy(self.memory.root, step, rank_dir_name(rank), fill, replace=True)
+        self._received.add((rank, step))
         return "ok", True
 
     def _accumulate(self, conn: socket.socket, header: dict, rank: int, step: int,
@@ -346,30 +379,43 @@ class PeerCopies:
         predecessor's copies held here and this rank's own snapshots (but the minibatch its JIT save wrote);
         ``xor``: the parities kept here and every own snapshot (the others' rebuild reads them).  Returns
         what was copied (``step-N/rank-R``, ``step-N/group-G``)."""
+        self._frozen = True  # (no copy arriving now prunes what is being handed over)
         target = peer_copies(checkpoint_root).root
-        handed = []
+        handed, failed = [], []
         ranks = (self.predecessor, self.rank) if self.scheme == "replicate" else (self.rank,)
         for rank in ranks:
             name = rank_dir_name(rank)
-            for step in self.memory.list_steps():
+            current = [step for step in self.memory.list_steps() if (step_dir(self.memory.root, step) / name).is_dir()
+                       and not (self.scheme == "replicate" and rank == self.rank and step == saved_step)
+                       and (rank == self.rank or (rank, step) in self._received)]  # (not an earlier worker's)
+            # What an earlier attempt handed over for this rank goes first: another timeline's, or stale.
+            for step in (DiskStore(target).list_steps() if target.is_dir() else []):
+                if step not in current:
+                    shutil.rmtree(step_dir(target, step) / name, ignore_errors=True)
+            for step in current:
                 source = step_dir(self.memory.root, step) / name
-                if (self.scheme == "replicate" and rank == self.rank and step == saved_step) or not source.is_dir():
-                    continue
-                make_private_dir(target, parents=True)
-                if install_rank_copy(target, step, name, lambda partial: shutil.copytree(source, partial)):
+                try:
+                    make_private_dir(target, parents=True)
+                    install_rank_copy(target, step, name, lambda partial: copy_private(source, partial), replace=True)
                     handed.append(f"{step_dir(target, step).name}/{name}")
+                except (OSError, shutil.Error) as exc:
+                    failed.append(f"{step_dir(target, step).name}/{name}: {exc}")
         shared = parity_area(checkpoint_root)
         for step, group, meta in parities(self.parity_root):
             there = step_dir(shared, step)
-            if (there / meta.name).exists():
-                continue
-            make_private_dir(there, parents=True)
-            for part in (meta.with_suffix(".parity"), meta):  # (the JSON last: it marks the parity complete)
-                hidden = there / f".{part.name}.partial-{os.getpid()}"
-                shutil.copyfile(part, hidden)
-                os.chmod(hidden, 0o600)
-                os.replace(hidden, there / part.name)
-            handed.append(f"{there.name}/group-{group}")
+            try:
+                make_private_dir(there, parents=True)
+                for part in (meta.with_suffix(".parity"), meta):  # (the JSON last: it marks the parity complete)
+                    hidden = there / f".{part.name}.partial-{os.getpid()}"
+                    fd = open_private_file(hidden, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                    with open(fd, "wb") as out, open(part, "rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+                    os.replace(hidden, there / part.name)
+                handed.append(f"{there.name}/group-{group}")
+            except OSError as exc:
+                failed.append(f"{there.name}/group-{group}: {exc}")
+        if failed:
+            raise HandOverError(handed, failed)
         return handed
 
     def close(self) -> None:

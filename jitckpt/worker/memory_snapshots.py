@@ -59,7 +59,7 @@ from jitckpt import config, eventlog
 from jitckpt.store.memory import MemoryStore, peer_copies
 from jitckpt.worker import ddp_layout, rng_state, save, sharding, stash
 from jitckpt.store import CheckpointError
-from jitckpt.worker.memory_peers import KEY_PREFIX as PEERS_KEY_PREFIX, PeerCopies, PeerError, is_multi_node
+from jitckpt.worker.memory_peers import KEY_PREFIX as PEERS_KEY_PREFIX, HandOverError, PeerCopies, PeerError, is_multi_node
 from jitckpt.worker.step_agreement import generation, job_store
 from jitckpt.worker.console import log
 
@@ -149,6 +149,8 @@ class MemorySnapshots:
         why_not = None
         if alone and self.root.parent.parent != Path("/dev/shm"):
             why_not = f"no writable host shared memory (/dev/shm): the snapshots would go to {self.root.parent}"
+            if is_multi_node(rt):
+                self._publish_off(rt, why_not)
         elif alone and is_multi_node(rt):
             why_not = self._start_peers(rt)
         self.needed = bool(alone) and why_not is None
@@ -165,7 +167,9 @@ class MemorySnapshots:
     def _start_peers(self, rt: "JitRuntime") -> str | None:
         """A multi-node job: set up the copies of this rank's snapshots on another host; why not, if it fails."""
         node = int(os.environ.get("GROUP_RANK", rt.rank // max(rt.local_world_size, 1)))
-        timeout = config.env_float(config.ENV_AGREEMENT_TIMEOUT, config.DEFAULT_AGREEMENT_TIMEOUT)
+        # Every rank gets here at the same minibatch's first forward; a peer that never says where it listens
+        # must not hold this one past the point where the others' hang watchdogs would fire.
+        timeout = max(rt.hang_timeout / 2, 1.0)
         scheme = os.environ.get(config.ENV_MEMORY_REDUNDANCY, config.DEFAULT_MEMORY_REDUNDANCY)
         group = int(os.environ.get(config.ENV_MEMORY_XOR_GROUP) or 0)
         try:
@@ -180,11 +184,21 @@ class MemorySnapshots:
             peers.start(store, f"{PEERS_KEY_PREFIX}/{generation(rt)}")
         except (PeerError, OSError, CheckpointError) as exc:
             peers.close()
+            self._publish_off(rt, str(exc))
             log(f"memory tier off for rank {rt.rank}: its snapshots cannot be copied to another host ({exc})")
             return "its snapshots could not be copied to another host (a host's memory dies with the host)"
         self.peers = peers
         peers.timeout = max(rt.hang_timeout, 5.0)  # (a copy waits no longer than a collective would)
         return None
+
+    def _publish_off(self, rt: "JitRuntime", why: str) -> None:
+        """Tell the rank that would send its copies here that this rank keeps none (it need not wait)."""
+        try:
+            store = job_store(rt, max(rt.hang_timeout / 2, 1.0))
+            if store is not None:
+                PeerCopies.publish_off(store, f"{PEERS_KEY_PREFIX}/{generation(rt)}", rt.rank, why)
+        except Exception:  # (nobody to tell: the sender's own wait ends at its timeout)
+            pass
 
     def _redundancy(self) -> str:
         """How the snapshots survive a lost host, in words (for rank 0's line)."""
@@ -223,8 +237,13 @@ class MemorySnapshots:
         started = time.perf_counter()
         try:
             handed = self.peers.hand_over(rt.checkpoint_root, saved_step)
-        except OSError as exc:
-            log(f"memory tier: could not hand over the snapshots held in this host's memory ({exc})")
+        except HandOverError as exc:
+            handed = exc.handed
+            log(f"memory tier: {exc}")
+            eventlog.record("memory_hand_over_failed", rank=rt.rank, attempt=rt.attempt, error=str(exc))
+        except Exception as exc:  # (never in the way of the worker's exit)
+            log(f"memory tier: could not hand over the snapshots held in this host's memory "
+                f"({type(exc).__name__}: {exc})")
             eventlog.record("memory_hand_over_failed", rank=rt.rank, attempt=rt.attempt, error=str(exc))
             return
         if handed:
@@ -247,7 +266,9 @@ class MemorySnapshots:
             return None
         # The previous copy to another host has ended (it overlapped the previous minibatch; its socket's timeout
         # bounds a frozen peer): one in flight at most, never more than a minibatch behind.
-        copy_free = self.peers is None or self.peers.wait_sent(self.peers.timeout * 2 + 1)
+        copy_free = self._previous_copy_ended(rt)
+        if rt.jit_event_started():
+            return None
         # Room first: the previous snapshot stays whole, older ones go (two per rank, a third only while written).
         self.store.prune_rank(self.rank, step, drop_later=not self._pruned_future)
         self._pruned_future = True
@@ -280,6 +301,18 @@ class MemorySnapshots:
             self.peers.send_in_background(final, step, lambda size, error, seconds: self._copied(
                 rt, step, size, error, seconds))
         return final
+
+    def _previous_copy_ended(self, rt: "JitRuntime") -> bool:
+        """Wait for the copy of the previous snapshot to end (it overlapped the previous minibatch), at most a
+        hang timeout and never past the start of a JIT event; False if it is still going (this snapshot then
+        gets no copy: the peer is frozen or gone, and a JIT event is on its way)."""
+        if self.peers is None:
+            return True
+        deadline = time.monotonic() + rt.hang_timeout
+        while not self.peers.wait_sent(0.05):
+            if rt.jit_event_started() or time.monotonic() > deadline:
+                return False
+        return True
 
     def _copied(self, rt: "JitRuntime", step: int, size: int | None, error: str | None, seconds: float) -> None:
         """A copy to another host ended (on its own thread): say the first one, and failures once."""

@@ -778,9 +778,11 @@ class JitRuntime:
 
     def _leave(self, code: int) -> None:
         """End this worker after its JIT event, once the memory tier handed over what it holds for others."""
-        if self.memory_tier is not None:
-            self.memory_tier.hand_over(self, self.step if code == config.JIT_SAVED_EXIT_CODE else None)
-        os._exit(code)
+        try:
+            if self.memory_tier is not None:
+                self.memory_tier.hand_over(self, self.step if code == config.JIT_SAVED_EXIT_CODE else None)
+        finally:
+            os._exit(code)
 
     def _wait_for_earlier_minibatches(self, deadline: float) -> None:
         """Before saving "start of minibatch i": every collective issued in an earlier minibatch has completed.
