@@ -175,6 +175,8 @@ def test_xor_lost_host_is_rebuilt_from_the_parity_on_a_third_host_bit_exact(tmp_
         assert code == 0 and report is not None, output[-4000:]
     assert f"final parameters sha256 {expected}" in outputs, outputs[-6000:]
     assert "rebuilt step-00000005/rank-00001" in outputs and "from XOR parity" in outputs, outputs[-4000:]
+    hidden = tmp_path / "ckpt" / ".jitckpt"  # the job completed: what was handed over is gone
+    assert not (hidden / "from-peer-memory").exists() and not (hidden / "from-peer-memory-parity").exists()
     assert resumes(outputs) == {0: (5, False), 1: (5, True), 2: (5, False)}, resumes(outputs)
     assert "no RNG state" not in outputs and "not bit-exact" not in outputs, outputs[-4000:]
     (failure,) = results["host0"][2]["failures"]

@@ -27,7 +27,7 @@ from jitckpt.console import emit
 from jitckpt.launch import report
 from jitckpt.launch.child import wait_forwarding_signals
 from jitckpt.store import CheckpointError, DiskStore, check_writable, is_complete
-from jitckpt.store.memory import MemoryStore, keep_on_disk, peer_copies
+from jitckpt.store.memory import MemoryStore, keep_on_disk, parity_area, peer_copies
 from jitckpt.store.private import make_private_dir
 from jitckpt.validate import argparse_type, positive_number
 
@@ -394,8 +394,9 @@ def main(argv: list[str]) -> int:
     finally:
         if code != 0:
             _keep_memory_snapshots(root, Path(env[config.ENV_SHM_DIR]))
-        else:  # (the copies a JIT save handed over for another host's ranks: the job is done with them)
+        else:  # (the copies and parities a JIT save handed over for another host's ranks: the job is done with them)
             shutil.rmtree(peer_copies(root).root, ignore_errors=True)
+            shutil.rmtree(parity_area(root), ignore_errors=True)
         shutil.rmtree(env[config.ENV_SHM_DIR], ignore_errors=True)
 
     result = report.build(eventlog.read_all(run_dir), code, args.command)
