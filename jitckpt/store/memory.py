@@ -114,9 +114,14 @@ def copy_private(source: Path, target: Path) -> None:
         if entry.is_dir():
             copy_private(entry, target / entry.name)
         else:
-            fd = open_private_file(target / entry.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            with open(fd, "wb") as out, open(entry, "rb") as src:
-                shutil.copyfileobj(src, out, 1 << 20)
+            copy_private_file(entry, target / entry.name)
+
+
+def copy_private_file(source: Path, target: Path) -> None:
+    """Copy the file ``source`` to ``target`` (created or replaced), owner-only whatever the umask."""
+    fd = open_private_file(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with open(fd, "wb") as out, open(source, "rb") as src:
+        shutil.copyfileobj(src, out, 1 << 20)
 
 
 def peer_copies(checkpoint_root: str | os.PathLike) -> DiskStore:

@@ -40,6 +40,22 @@ class ParityError(Exception):
     """A parity or a blob that cannot be used: the reason."""
 
 
+def checked_files(files: object) -> list[tuple[list[str], int]]:
+    """An untrusted ``[[relative path, size], ...]`` (a blob's, a received copy's), checked: its paths name no
+    place outside the folder they are written into (no absolute path, no ``..``); ValueError otherwise."""
+    if not isinstance(files, list) or not files:
+        raise ValueError("no file list")
+    checked = []
+    for item in files:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
+            raise ValueError(f"a file entry {item!r:.80}")
+        parts = item[0].split("/")
+        if item[1] < 0 or any(p in ("", ".", "..") or "\0" in p for p in parts):
+            raise ValueError(f"a file entry {item!r:.80}")
+        checked.append((parts, item[1]))
+    return checked
+
+
 def files_of(directory: Path) -> list[tuple[str, int]]:
     """``(relative path, size)`` of every file under ``directory``, in the blob's order."""
     found = [(f.relative_to(directory).as_posix(), f.stat().st_size) for f in directory.rglob("*") if f.is_file()]
@@ -67,20 +83,21 @@ def unpack_blob(blob: bytes, target: Path) -> None:
         files = json.loads(blob[_LENGTH.size:_LENGTH.size + length])
     except ValueError as exc:
         raise ParityError(f"a blob whose file list is unreadable ({exc})") from None
+    try:
+        checked = checked_files(files)
+    except ValueError as exc:
+        raise ParityError(f"a blob with {exc}") from None
     offset = _LENGTH.size + length
+    if offset + sum(size for _, size in checked) > len(blob):
+        raise ParityError("a blob shorter than its file list says")
     make_private_dir(target)
-    for item in files if isinstance(files, list) else [None]:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
-            raise ParityError(f"a blob with a bad file entry {item!r:.80}")
-        parts = item[0].split("/")
-        if item[1] < 0 or any(p in ("", ".", "..") or "\0" in p for p in parts) or offset + item[1] > len(blob):
-            raise ParityError(f"a blob with a bad file entry {item!r:.80}")
+    for parts, size in checked:
         if len(parts) > 1:
             make_private_dir(target.joinpath(*parts[:-1]), parents=True)
         fd = open_private_file(target.joinpath(*parts), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with open(fd, "wb") as out:
-            out.write(blob[offset:offset + item[1]])
-        offset += item[1]
+            out.write(blob[offset:offset + size])
+        offset += size
 
 
 def digest(blob: bytes | memoryview) -> str:

@@ -77,8 +77,8 @@ import numpy as np
 
 from jitckpt import eventlog
 from jitckpt.store.disk import DiskStore, rank_dir_name, step_dir
-from jitckpt.store.memory import MemoryStore, copy_private, install_rank_copy, parity_area, peer_copies
-from jitckpt.store.parity import blob_header, digest, files_of, parities, write_parity, xor_into
+from jitckpt.store.memory import MemoryStore, copy_private, copy_private_file, install_rank_copy, parity_area, peer_copies
+from jitckpt.store.parity import blob_header, checked_files, digest, files_of, parities, write_parity, xor_into
 from jitckpt.store.parity import prune as prune_parities
 from jitckpt.store.private import make_private_dir, open_private_file
 
@@ -155,15 +155,14 @@ class PeerCopies:
         self.predecessor = predecessor_of(rank, world_size, local_world_size)
         if scheme == "xor":
             nodes = world_size // max(local_world_size, 1)
-            self.group, self.members, self.successor = xor_group(
-                rank, world_size, local_world_size, group_size or min(nodes - 1, MAX_XOR_GROUP))
+            group_size = group_size or min(nodes - 1, MAX_XOR_GROUP)
+            self.group, self.members, self.successor = xor_group(rank, world_size, local_world_size, group_size)
         else:
             self.group, self.members = None, [rank]
             self.successor = successor_of(rank, world_size, local_world_size)
         # The ranks whose snapshots this rank keeps (a copy, or in a parity): copies of any other are refused.
         if scheme == "xor":
-            size = group_size or min(nodes - 1, MAX_XOR_GROUP)
-            groups = [xor_group(r, world_size, local_world_size, size)
+            groups = [xor_group(r, world_size, local_world_size, group_size)
                       for r in range(rank % local_world_size, world_size, local_world_size)]
             self.keeps_for = {m for _, members, holder in groups if holder == rank for m in members}
         else:
@@ -313,7 +312,7 @@ class PeerCopies:
         header = json.loads(_read_exact(conn, length))
         if not isinstance(header, dict) or header.get("token") != self.token:
             return "refused: not this job's token", False  # (nothing more is read from a stranger)
-        files = _checked_files(header.get("files"))
+        files = checked_files(header.get("files"))
         rank, step = header.get("rank"), header.get("step")
         total = sum(size for _, size in files)
         free = _free_bytes(self.memory.root)
@@ -407,9 +406,7 @@ class PeerCopies:
                 make_private_dir(there, parents=True)
                 for part in (meta.with_suffix(".parity"), meta):  # (the JSON last: it marks the parity complete)
                     hidden = there / f".{part.name}.partial-{os.getpid()}"
-                    fd = open_private_file(hidden, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-                    with open(fd, "wb") as out, open(part, "rb") as src:
-                        shutil.copyfileobj(src, out, 1 << 20)
+                    copy_private_file(part, hidden)
                     os.replace(hidden, there / part.name)
                 handed.append(f"{there.name}/group-{group}")
             except OSError as exc:
@@ -426,21 +423,6 @@ class PeerCopies:
             except OSError:
                 pass
             self._listener.close()
-
-
-def _checked_files(files: Any) -> list[tuple[list[str], int]]:
-    """The header's ``[[relative path, size], ...]``, checked: untrusted input names no place outside the copy."""
-    if not isinstance(files, list) or not files:
-        raise ValueError("no file list")
-    checked = []
-    for item in files:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], int)):
-            raise ValueError(f"a file entry {item!r:.80}")
-        parts = item[0].split("/")
-        if item[1] < 0 or any(p in ("", ".", "..") or "\0" in p for p in parts):
-            raise ValueError(f"a file entry {item!r:.80}")
-        checked.append((parts, item[1]))
-    return checked
 
 
 def _free_bytes(path: Path) -> int | None:
