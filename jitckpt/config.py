@@ -34,10 +34,12 @@ ENV_SHM_DIR = "JITCKPT_SHM_DIR"
 # (jitckpt.worker.memory_snapshots); "auto" takes them when some rank's state has no replica (FSDP2, ZeRO).
 ENV_MEMORY_TIER = "JITCKPT_MEMORY_TIER"
 # Multi-node jobs (jit-run --memory-redundancy): how the memory tier covers a lost host
-# (jitckpt.worker.memory_peers): "replicate" (a copy on the next node) or "xor" (one parity per group of
-# JITCKPT_MEMORY_XOR_GROUP nodes, default the number of nodes less one, at most 8).
+# (jitckpt.worker.memory_peers): "replicate" (a copy on the next node), "xor" (one parity per group of
+# JITCKPT_MEMORY_GROUP nodes, default the number of nodes less one, at most 8) or "rs" (JITCKPT_MEMORY_PARITIES
+# Reed-Solomon parities, default 2, per group of JITCKPT_MEMORY_GROUP nodes, default the nodes less those, at most 8).
 ENV_MEMORY_REDUNDANCY = "JITCKPT_MEMORY_REDUNDANCY"
-ENV_MEMORY_XOR_GROUP = "JITCKPT_MEMORY_XOR_GROUP"
+ENV_MEMORY_GROUP = "JITCKPT_MEMORY_GROUP"
+ENV_MEMORY_PARITIES = "JITCKPT_MEMORY_PARITIES"
 # Set by jit-run's agent for its workers: the rendezvous round they were started
 # in, which every node of the job agrees on (restart counts can differ by node).
 ENV_RENDEZVOUS_ROUND = "JITCKPT_RENDEZVOUS_ROUND"
@@ -69,7 +71,7 @@ DEFAULT_WARM_RESTART = "on"
 DEFAULT_MEMORY_TIER = "auto"
 MEMORY_TIER_MODES = ("auto", "on", "off")
 DEFAULT_MEMORY_REDUNDANCY = "replicate"
-MEMORY_REDUNDANCY_SCHEMES = ("replicate", "xor")
+MEMORY_REDUNDANCY_SCHEMES = ("replicate", "xor", "rs")
 
 # Exit status of a worker that completed its just-in-time save (EX_TEMPFAIL:
 # "temporary failure, retry"); never 0, so torchrun's agent restarts the group.

@@ -41,7 +41,8 @@ wheel=$(ls -t "$wheels"/jitckpt-*.whl | head -1)
 say "installing $(basename "$wheel")"
 # --force-reinstall --no-deps: this wheel even if a jitckpt of the same version is visible; then its dependencies
 "${PIP[@]}" install --force-reinstall --no-deps "$wheel"
-"${PIP[@]}" install "$wheel"
+# with the rs extra: ISA-L (in pyeclib's wheels) for the memory tier's Reed-Solomon scheme
+"${PIP[@]}" install "$wheel[rs]"
 
 # The check runs outside the source tree, so that it imports the installed package.
 (cd / && "$PY" - <<'EOF'

@@ -68,11 +68,11 @@ sys.exit(not any(os.path.isfile(os.path.join(p, "include", "cudnn_graph.h")) for
         say "         tests are skipped"
     fi
 fi
-if ! "$PY" -c 'import jitckpt, pytest, xdist, pytest_timeout, elftools, matplotlib, cffi, xxhash, transformers, lightning, pytorch_lightning' 2>/dev/null || ! command -v jit-run >/dev/null; then
-    say "installing jitckpt (editable, with test, plot and frameworks extras); this also builds the native parts"
+if ! "$PY" -c 'import jitckpt, pytest, xdist, pytest_timeout, elftools, matplotlib, cffi, xxhash, transformers, lightning, pytorch_lightning, pyeclib' 2>/dev/null || ! command -v jit-run >/dev/null; then
+    say "installing jitckpt (editable, with test, plot, frameworks and rs extras); this also builds the native parts"
     # An isolated build, as any install: it uses the toolkit's CUDA headers and the nccl.h of the
     # nvidia-nccl-cu13 installed above, and fetches header wheels only for what is missing (native_build.py)
-    "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,plot,frameworks]"
+    "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,plot,frameworks,rs]"
 fi
 if command -v nvcc >/dev/null && [ -d /usr/local/cuda/include ]; then
     # up to date after the install; rebuilds only what changed in a working tree

@@ -65,7 +65,7 @@ def _pair(tmp_path: Path, timeout: float = 5.0) -> tuple[PeerCopies, PeerCopies]
         t.start()
     for t in starts:
         t.join()
-    assert all(p._peer is not None for p in peers)
+    assert all(list(p._peers) == p.successors for p in peers)
     return peers[0], peers[1]
 
 
@@ -249,19 +249,24 @@ def test_hand_over_puts_the_predecessors_copies_and_own_older_snapshots_where_ev
 # ----- xor: one parity per group of hosts ----------------------------------------------------------
 
 
-def test_xor_groups_never_keep_their_parity_on_a_member_node():
-    from jitckpt.worker.memory_peers import xor_group
+def test_parity_groups_never_keep_their_parities_on_a_member_node():
+    from jitckpt.worker.memory_peers import parity_group
 
     # 3 nodes of 1 rank, groups of 2: {0, 1} -> parity on rank 2; {2} -> on rank 0
-    assert [xor_group(r, 3, 1, 2) for r in range(3)] == [(0, [0, 1], 2), (0, [0, 1], 2), (1, [2], 0)]
+    assert [parity_group(r, 3, 1, 2) for r in range(3)] == [(0, [0, 1], [2]), (0, [0, 1], [2]), (1, [2], [0])]
     # 4 nodes of 2 ranks, groups of 3 nodes: local rank 1 of nodes 0-2 -> parity on node 3's local rank 1
-    assert xor_group(3, 8, 2, 3) == (1, [1, 3, 5], 7) and xor_group(7, 8, 2, 3) == (3, [7], 1)
-    for world, local, size in ((6, 1, 2), (12, 2, 5), (8, 2, 3)):
+    assert parity_group(3, 8, 2, 3) == (1, [1, 3, 5], [7]) and parity_group(7, 8, 2, 3) == (3, [7], [1])
+    # rs, 4 nodes of 1 rank, 2 data + 2 parities: {0, 1} -> parities on 2 and 3; {2, 3} -> on 0 and 1
+    assert [parity_group(r, 4, 1, 2, 2) for r in (0, 3)] == [(0, [0, 1], [2, 3]), (1, [2, 3], [0, 1])]
+    for world, local, size, m in ((6, 1, 2, 1), (12, 2, 5, 1), (8, 2, 3, 1), (6, 1, 3, 2), (10, 2, 2, 3), (5, 1, 2, 2)):
         for rank in range(world):
-            _, members, holder = xor_group(rank, world, local, size)
-            assert rank in members and holder // local not in {m // local for m in members}
-    with pytest.raises(PeerError, match="needs more than 2 nodes"):
-        xor_group(0, 2, 1, 2)
+            _, members, holders = parity_group(rank, world, local, size, m)
+            nodes = {m // local for m in members}
+            assert rank in members and len(holders) == m and len({h // local for h in holders} | nodes) == len(nodes) + m
+    with pytest.raises(PeerError, match="needs 3 nodes or more"):
+        parity_group(0, 2, 1, 2)
+    with pytest.raises(PeerError, match="needs 4 nodes or more"):
+        parity_group(0, 3, 1, 2, 2)
 
 
 def test_blob_round_trip_and_parity_rebuild_of_one_lost_member(tmp_path):
@@ -284,7 +289,7 @@ def test_blob_round_trip_and_parity_rebuild_of_one_lost_member(tmp_path):
     import shutil
     shutil.copytree(snaps[0], copies / "step-00000007" / "rank-00000")
     done, failed = rebuild(parity_root, copies)
-    assert done == ["step-00000007/rank-00001"] and failed == []
+    assert done == ["step-00000007/rank-00001 from XOR parity"] and failed == []
     rebuilt = copies / "step-00000007" / "rank-00001"
     assert blob_of(rebuilt) == blob_of(snaps[1])
     assert DiskStore(copies).verify(rebuilt).step == 7  # the snapshot's own checksums hold
@@ -333,7 +338,7 @@ def test_xor_copies_over_the_wire_make_a_parity_that_rebuilds(tmp_path):
     for t in starts:
         t.join()
     try:
-        assert [p.successor for p in peers] == [2, 2, 0]
+        assert [p.successors for p in peers] == [[2], [2], [0]]
         for step in (4, 5):
             for rank in (0, 1):
                 peers[rank].send(_snapshot(peers[rank].memory, rank, step, bytes([rank, step]) * (300 + rank)), step)
@@ -344,9 +349,99 @@ def test_xor_copies_over_the_wire_make_a_parity_that_rebuilds(tmp_path):
         assert "step-00000005/group-0" in peers[2].hand_over(root, saved_step=5)
         assert "step-00000005/rank-00000" in peers[0].hand_over(root, saved_step=5)  # xor: every own snapshot
         done, failed = rebuild(parity_area(root), peer_copies(root).root)
-        assert sorted(done) == ["step-00000004/rank-00001", "step-00000005/rank-00001"] and not failed, (done, failed)
+        assert sorted(done) == ["step-00000004/rank-00001 from XOR parity",
+                                "step-00000005/rank-00001 from XOR parity"] and not failed, (done, failed)
         original = peers[1].memory.root / "step-00000005" / "rank-00001"
         assert blob_of(peer_copies(root).root / "step-00000005" / "rank-00001") == blob_of(original)
     finally:
         for p in peers:
             p.close()
+
+
+# ----- rs: m Reed-Solomon parities per group of hosts (ISA-L) ---------------------------------------
+
+
+def test_isal_codes_rebuild_any_m_lost_blobs_of_different_lengths():
+    """The ISA-L binding: parities built one blob at a time equal those encoded at once, and every choice of
+    m lost among the k + m blobs and parities gives the data back."""
+    import itertools
+
+    import numpy as np
+
+    from jitckpt.store import isal
+
+    rng = np.random.default_rng(3)
+    k, m = 3, 2
+    blobs = [rng.integers(0, 256, 4000 + 1234 * i, dtype=np.uint8) for i in range(k)]
+    size = max(map(len, blobs))
+    padded = [np.concatenate([b, np.zeros(size - len(b), np.uint8)]) for b in blobs]
+    rows = [np.zeros(0, np.uint8) for _ in range(m)]
+    for row in range(m):
+        for index in (2, 0, 1):  # (in any order of arrival)
+            rows[row] = isal.update(rows[row], blobs[index], k, m, row, index)
+    assert all(np.array_equal(a, b) for a, b in zip(rows, isal.encode(padded, m)))
+    assert not all(np.array_equal(rows[0], x) for x in (rows[1], padded[0] ^ padded[1] ^ padded[2]))
+    for lost in itertools.combinations(range(k + m), m):
+        present = {i: padded[i] for i in range(k) if i not in lost} | {k + j: rows[j] for j in range(m) if k + j not in lost}
+        data = [i for i in lost if i < k]
+        out = isal.decode(k, m, present, data)
+        assert all(np.array_equal(out[i], padded[i]) for i in data), lost
+    with pytest.raises(ValueError, match="2 of the 3 blobs needed"):
+        isal.decode(k, m, {0: padded[0], k: rows[0]}, [1, 2])
+
+
+def test_rs_copies_over_the_wire_rebuild_two_lost_hosts_and_refuse_three(tmp_path):
+    """Four hosts of one rank, 2 data + 2 parities: ranks 0 and 1 send their snapshots to ranks 2 and 3, which
+    keep one Reed-Solomon parity each (no copies).  With hosts 0 and 1 both lost, the parities alone rebuild
+    both snapshots; with a parity corrupted, the rebuild is refused by digest; with hosts 0, 1 and 2 lost, it
+    names the ranks and how many parities survive."""
+    import shutil
+
+    from jitckpt.store.parity import blob_of, rebuild
+    from jitckpt.store.memory import parity_area
+
+    store = FakeStore()
+    peers = [PeerCopies(MemoryStore(tmp_path / f"host{r}"), r, 4, 1, node=r, timeout=5, scheme="rs", group_size=2,
+                        parities=2) for r in range(4)]
+    starts = [threading.Thread(target=p.start, args=(store, "rs")) for p in peers]
+    for t in starts:
+        t.start()
+    for t in starts:
+        t.join()
+    try:
+        assert [p.successors for p in peers] == [[2, 3], [2, 3], [0, 1], [0, 1]]
+        assert [sorted(p.keeps_for) for p in peers] == [[2, 3], [2, 3], [0, 1], [0, 1]]
+        for rank in (0, 1):
+            peers[rank].send(_snapshot(peers[rank].memory, rank, 6, bytes([rank + 7]) * (900 + 333 * rank)), 6)
+        for holder, row in ((2, 0), (3, 1)):
+            held = sorted(p.relative_to(peers[holder].parity_root).as_posix() for p in peers[holder].parity_root.rglob("*.json"))
+            assert held == [f"step-00000006/group-0.row-{row}.json"], held
+            assert peers[holder].memory.list_steps() == []  # no copies: a parity only
+        root = tmp_path / "ckpt"
+        for holder in (2, 3):
+            peers[holder].hand_over(root, saved_step=6)
+        done, failed = rebuild(parity_area(root), peer_copies(root).root)
+        assert sorted(done) == ["step-00000006/rank-00000 from Reed-Solomon parities",
+                                "step-00000006/rank-00001 from Reed-Solomon parities"] and not failed, (done, failed)
+        for rank in (0, 1):
+            original = peers[rank].memory.root / "step-00000006" / rank_name(rank)
+            assert blob_of(peer_copies(root).root / "step-00000006" / rank_name(rank)) == blob_of(original)
+        # a corrupted parity: never a wrong snapshot
+        shutil.rmtree(peer_copies(root).root)
+        file = parity_area(root) / "step-00000006" / "group-0.row-0.parity"
+        data = bytearray(file.read_bytes())
+        data[100] ^= 1
+        file.write_bytes(bytes(data))
+        done, failed = rebuild(parity_area(root), peer_copies(root).root)
+        assert done == [] and "does not match its digest" in failed[0], failed
+        # three hosts lost: one parity left for two lost ranks
+        file.unlink()
+        done, failed = rebuild(parity_area(root), peer_copies(root).root)
+        assert done == [] and "ranks 0, 1 of one Reed-Solomon group are lost and 1 of its parities survive" in failed[0]
+    finally:
+        for p in peers:
+            p.close()
+
+
+def rank_name(rank: int) -> str:
+    return f"rank-{rank:05d}"

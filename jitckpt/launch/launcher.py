@@ -92,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                         default=env(config.ENV_MEMORY_REDUNDANCY, config.DEFAULT_MEMORY_REDUNDANCY),
                         help="multi-node jobs: how the memory tier survives a lost host: replicate = a copy of every "
                              "snapshot in the memory of the next node (twice the memory), xor = one XOR parity per "
-                             f"group of nodes ({config.ENV_MEMORY_XOR_GROUP} nodes, default all but one, at most 8), "
-                             "kept on a node outside the group, rebuilt from the others at a restart "
+                             f"group of nodes ({config.ENV_MEMORY_GROUP} nodes, default all but one, at most 8), "
+                             "kept on a node outside the group, rebuilt from the others at a restart; rs = "
+                             f"{config.ENV_MEMORY_PARITIES} (default 2) Reed-Solomon parities per group, each on "
+                             "another node, any that many lost hosts rebuilt (needs ISA-L: pip install 'jitckpt[rs]') "
                              f"[{config.ENV_MEMORY_REDUNDANCY}, default %(default)s]")
     parser.add_argument("--allow-inexact-resume", action="store_true",
                         default=env(config.ENV_ALLOW_INEXACT_RESUME, "") == "1",
@@ -212,9 +214,17 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
     if args.memory_redundancy not in config.MEMORY_REDUNDANCY_SCHEMES:
         raise UsageError(f"{config.ENV_MEMORY_REDUNDANCY} must be one of {', '.join(config.MEMORY_REDUNDANCY_SCHEMES)} "
                          f"(got {args.memory_redundancy!r})")
-    group = os.environ.get(config.ENV_MEMORY_XOR_GROUP, "")
-    if group and not (group.isdigit() and int(group) >= 1):
-        raise UsageError(f"{config.ENV_MEMORY_XOR_GROUP} must be a number of nodes, 1 or more (got {group!r})")
+    for name, what in ((config.ENV_MEMORY_GROUP, "a number of nodes"), (config.ENV_MEMORY_PARITIES, "a number")):
+        value = os.environ.get(name, "")
+        if value and not (value.isdigit() and int(value) >= 1):
+            raise UsageError(f"{name} must be {what}, 1 or more (got {value!r})")
+    if args.memory_redundancy == "rs" and args.memory_tier != "off":
+        from jitckpt.store import isal
+
+        try:
+            isal.library()
+        except isal.IsalUnavailable as exc:
+            raise UsageError(f"--memory-redundancy rs: {exc}") from None
     try:
         root = check_writable(args.checkpoint_dir or default_checkpoint_dir(args.command))
     except CheckpointError as exc:

@@ -1,4 +1,4 @@
-"""XOR parity of a group of rank snapshots: one parity held instead of a copy of each (REFT's scheme, across hosts).
+"""Parities of a group of rank snapshots, held instead of a copy of each: XOR (REFT's scheme) or Reed-Solomon (ECHECK's).
 
 Blob.  A rank directory (a snapshot: its files, metadata and checksums) is
 turned into one byte string for the parity: an 8-byte big-endian length, a
@@ -8,11 +8,14 @@ gives the directory back (its paths checked: no absolute path, no ``..``).
 
 Parity.  For minibatch N and group G, ``<root>/step-N/group-G.parity`` holds
 the XOR of the members' blobs, each padded with zeros to the longest, and
-``group-G.json`` each member's blob length and BLAKE2b digest.  Written under
-hidden names and renamed, owner-only.  With every member but one at hand,
-XOR-ing their blobs into the parity gives the missing one back, checked
-against its digest before its directory is written; a rebuilt directory
-still carries the snapshot's own checksums, which the selection verifies.
+``group-G.json`` each member's blob length and BLAKE2b digest.  With ``rs``
+(k members, m parities, ``jitckpt.store.isal``), parity ``j`` is
+``group-G.row-J.parity``, its JSON adding the code, k, m, ``j`` and each
+member's index in the group.  Written under hidden names and renamed,
+owner-only.  With every member but one (XOR), or all but at most m (RS), at
+hand, the parities give the missing ones back, each checked against its
+digest before its directory is written; a rebuilt directory still carries the
+snapshot's own checksums, which the selection verifies.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from jitckpt.store.memory import install_rank_copy
 from jitckpt.store.private import make_private_dir, open_private_file, write_private_file
 
 _LENGTH = struct.Struct("!Q")
-_GROUP = re.compile(r"^group-(\d+)\.json$")
+_GROUP = re.compile(r"^group-(\d+)(?:\.row-(\d+))?\.json$")
 _STEP = re.compile(r"^step-(\d+)$")
 
 
@@ -113,11 +116,13 @@ def xor_into(parity: np.ndarray, blob: bytes | memoryview) -> np.ndarray:
     return parity
 
 
-def write_parity(root: Path, step: int, group: int, parity: np.ndarray, members: dict[int, tuple[int, str]]) -> None:
-    """Publish the parity of ``group`` for ``step`` under ``root`` (the parity file first, its JSON last)."""
+def write_parity(root: Path, step: int, group: int, parity: np.ndarray, members: dict[int, tuple[int, str]],
+                 code: dict | None = None) -> None:
+    """Publish the parity of ``group`` for ``step`` under ``root`` (the parity file first, its JSON last);
+    ``code``: for ``rs``, ``{"code": "rs", "k", "m", "row", "index": {rank: index}}``."""
     here = step_dir(root, step)
     make_private_dir(here, parents=True)
-    name = f"group-{group}"
+    name = f"group-{group}" + (f".row-{code['row']}" if code else "")
     hidden = here / f".{name}.parity.partial-{os.getpid()}"
     fd = open_private_file(hidden, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     with open(fd, "wb") as out:
@@ -125,6 +130,10 @@ def write_parity(root: Path, step: int, group: int, parity: np.ndarray, members:
     os.replace(hidden, here / f"{name}.parity")
     meta = {"step": step, "group": group, "size": len(parity),
             "members": {str(rank): {"length": length, "blake2b": d} for rank, (length, d) in sorted(members.items())}}
+    if code:
+        meta.update(code="rs", k=code["k"], m=code["m"], row=code["row"])
+        for rank, entry in meta["members"].items():
+            entry["index"] = code["index"][int(rank)]
     write_private_file(here / f".{name}.json.partial-{os.getpid()}", json.dumps(meta).encode())
     os.replace(here / f".{name}.json.partial-{os.getpid()}", here / f"{name}.json")
 
@@ -151,44 +160,114 @@ def prune(root: Path, keep_from: int) -> None:
 
 
 def rebuild(parity_root: Path, copies_root: Path) -> tuple[list[str], list[str]]:
-    """Rebuild, into ``copies_root`` (``step-N/rank-R``), every member missing there alone from its group.
+    """Rebuild, into ``copies_root`` (``step-N/rank-R``), every member missing there from its group's parities.
 
-    Returns (what was rebuilt, why each group with more than one member
-    missing, or a parity that does not check, could not be).  The members
-    at hand must be in ``copies_root`` (the hand-over puts every surviving
-    rank's own snapshots there).
+    Returns (what was rebuilt, ``step-N/rank-R from <code>``, why each group that lost more members than its
+    parities rebuild, or whose parities do not check, could not be).  The
+    members at hand must be in ``copies_root`` (the hand-over puts every
+    surviving rank's own snapshots there).
     """
     rebuilt, failed = [], []
+    groups: dict[tuple[int, int], list[Path]] = {}
     for step, group, meta_path in parities(parity_root):
+        groups.setdefault((step, group), []).append(meta_path)
+    for (step, group), metas in sorted(groups.items(), key=lambda g: (-g[0][0], g[0][1])):
         try:
-            meta = json.loads(meta_path.read_text())
-            members = {int(rank): (int(m["length"]), str(m["blake2b"])) for rank, m in meta["members"].items()}
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            failed.append(f"{meta_path}: unreadable ({exc})")
+            rows = [_read_meta(path) for path in metas]
+        except ParityError as exc:
+            failed.append(str(exc))
             continue
+        members = rows[0]["members"]
         here = step_dir(copies_root, step)
-        missing = [rank for rank in members if not (here / rank_dir_name(rank)).is_dir()]
+        missing = sorted(rank for rank in members if not (here / rank_dir_name(rank)).is_dir())
         if not missing:
             continue
-        if len(missing) > 1:
-            failed.append(f"minibatch {step}: ranks {', '.join(map(str, sorted(missing)))} of one XOR group are "
-                          f"all lost (a group's parity rebuilds one)")
-            continue
-        lost = missing[0]
         try:
-            parity = np.fromfile(meta_path.with_suffix(".parity"), np.uint8).copy()
-            for rank in members:
-                if rank != lost:
-                    blob = blob_of(here / rank_dir_name(rank))
-                    if digest(blob) != members[rank][1]:
-                        raise ParityError(f"rank {rank}'s snapshot there is not the one the parity was made of")
-                    parity = xor_into(parity, blob)
-            length, expected = members[lost]
-            blob = parity[:length].tobytes()
-            if digest(blob) != expected:
-                raise ParityError("the rebuilt snapshot does not match its digest (a corrupt parity?)")
-            if install_rank_copy(copies_root, step, rank_dir_name(lost), lambda partial: unpack_blob(blob, partial)):
-                rebuilt.append(f"{step_dir(copies_root, step).name}/{rank_dir_name(lost)}")
-        except (OSError, ParityError) as exc:
-            failed.append(f"minibatch {step}: rank {lost}'s snapshot cannot be rebuilt ({exc})")
+            blobs = _rebuild_group(rows, here, missing)
+        except ParityError as exc:
+            failed.append(f"minibatch {step}: {exc}")
+            continue
+        for rank, blob in blobs.items():
+            try:
+                if install_rank_copy(copies_root, step, rank_dir_name(rank), lambda partial: unpack_blob(blob, partial)):
+                    code = "XOR parity" if rows[0].get("code", "xor") == "xor" else "Reed-Solomon parities"
+                    rebuilt.append(f"{step_dir(copies_root, step).name}/{rank_dir_name(rank)} from {code}")
+            except (OSError, ParityError) as exc:
+                failed.append(f"minibatch {step}: rank {rank}'s snapshot cannot be rebuilt ({exc})")
     return rebuilt, failed
+
+
+def _read_meta(path: Path) -> dict:
+    """A parity's JSON, checked: ``members`` as {rank: (length, digest, index)}."""
+    try:
+        meta = json.loads(path.read_text())
+        meta["members"] = {int(rank): (int(m["length"]), str(m["blake2b"]), int(m.get("index", -1)))
+                           for rank, m in meta["members"].items()}
+        if meta.get("code", "xor") not in ("xor", "rs"):
+            raise ValueError(f"code {meta.get('code')!r}")
+        if meta.get("code") == "rs":
+            meta["k"], meta["m"], meta["row"] = int(meta["k"]), int(meta["m"]), int(meta["row"])
+            if sorted(i for _, _, i in meta["members"].values()) != list(range(meta["k"])) or not 0 <= meta["row"] < meta["m"]:
+                raise ValueError("member indexes or row out of range")
+        meta["path"] = path
+        return meta
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ParityError(f"{path}: unreadable ({exc})") from None
+
+
+def _rebuild_group(rows: list[dict], here: Path, missing: list[int]) -> dict[int, bytes]:
+    """The blobs of the ``missing`` members of one group, from its parities ``rows`` and the others in
+    ``here``, each checked against its digest; raises ParityError."""
+    members = rows[0]["members"]
+    rows = [r for r in rows if r["members"] == members and r.get("code", "xor") == rows[0].get("code", "xor")]
+    lost_names = ", ".join(map(str, missing))
+    if rows[0].get("code", "xor") == "xor" and len(missing) > 1:
+        raise ParityError(f"ranks {lost_names} of one XOR group are all lost (a group's parity rebuilds one)")
+    if len(missing) > len(rows):
+        raise ParityError(f"ranks {lost_names} of one Reed-Solomon group are lost and {len(rows)} of its parities "
+                          f"survive (each rebuilds one)")
+    present: dict[int, np.ndarray] = {}
+    for rank in members:
+        if rank in missing:
+            continue
+        blob = blob_of(here / rank_dir_name(rank))
+        if digest(blob) != members[rank][1]:
+            raise ParityError(f"rank {rank}'s snapshot there is not the one the parity was made of")
+        present[rank] = np.frombuffer(blob, np.uint8)
+    try:
+        if rows[0].get("code", "xor") == "xor":
+            parity = np.fromfile(rows[0]["path"].with_suffix(".parity"), np.uint8).copy()
+            for data in present.values():
+                parity = xor_into(parity, data)
+            found = {missing[0]: parity}
+        else:
+            from jitckpt.store import isal
+
+            try:
+                isal.library()
+            except isal.IsalUnavailable as exc:
+                raise ValueError(str(exc)) from None
+            k, m = rows[0]["k"], rows[0]["m"]
+            size = max(r["path"].with_suffix(".parity").stat().st_size for r in rows)
+            index = {rank: i for rank, (_, _, i) in members.items()}
+            sources = {index[rank]: _padded(data, size) for rank, data in present.items()}
+            for r in sorted(rows, key=lambda r: r["row"])[:len(missing)]:
+                sources[k + r["row"]] = _padded(np.fromfile(r["path"].with_suffix(".parity"), np.uint8), size)
+            decoded = isal.decode(k, m, sources, [index[rank] for rank in missing])
+            found = {rank: decoded[index[rank]] for rank in missing}
+    except (OSError, ValueError, ImportError) as exc:
+        raise ParityError(f"ranks {lost_names} cannot be rebuilt ({exc})") from None
+    blobs = {}
+    for rank, data in found.items():
+        length, expected = members[rank][0], members[rank][1]
+        blob = data[:length].tobytes()
+        if digest(blob) != expected:
+            raise ParityError(f"rank {rank}'s rebuilt snapshot does not match its digest (a corrupt parity?)")
+        blobs[rank] = blob
+    return blobs
+
+
+def _padded(data: np.ndarray, size: int) -> np.ndarray:
+    if len(data) >= size:
+        return np.ascontiguousarray(data[:size])
+    return np.concatenate([data, np.zeros(size - len(data), np.uint8)])

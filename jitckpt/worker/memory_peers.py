@@ -15,12 +15,17 @@ anyway.  So each snapshot also leaves its host, by one of two schemes
   two neighbouring hosts of the ring can.
 - ``xor``: one XOR parity per group (REFT's scheme, across hosts): runs of
   ``G`` consecutive nodes, the ranks of one local rank on a run forming a
-  group (``xor_group``), whose parity the same local rank on the node after
+  group (``parity_group``), whose parity the same local rank on the node after
   the run keeps (``jitckpt.store.parity``).  Memory: a parity instead of a
   copy each; one member per group can be rebuilt.
+- ``rs``: ``m`` Cauchy Reed-Solomon parities per group (ECHECK's scheme,
+  ``jitckpt.store.isal``): runs of ``k`` nodes as with ``xor``, parity ``j``
+  kept by the same local rank on the ``j``-th node after the run.  Any ``m``
+  lost hosts are survived (``k + m`` nodes needed); each snapshot travels
+  ``m`` times and each holder keeps one parity per group.
 
-Every rank checks, through the job's store, that the rank keeping its
-copies is on another node, else the copies are refused with a message.
+Every rank checks, through the job's store, that the ranks keeping its
+copies are on other nodes, else the copies are refused with a message.
 
 Transport.  Its own TCP connections, not the job's process groups: the copies
 never sit between the training's collectives in any group's order, need no
@@ -78,6 +83,7 @@ import numpy as np
 from jitckpt import eventlog
 from jitckpt.store.disk import DiskStore, rank_dir_name, step_dir
 from jitckpt.store.memory import MemoryStore, copy_private, copy_private_file, install_rank_copy, parity_area, peer_copies
+from jitckpt.store import isal
 from jitckpt.store.parity import blob_header, checked_files, digest, files_of, parities, write_parity, xor_into
 from jitckpt.store.parity import prune as prune_parities
 from jitckpt.store.private import make_private_dir, open_private_file
@@ -86,9 +92,10 @@ if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
 KEY_PREFIX = "jitckpt/memory-peers"
-SCHEMES = ("replicate", "xor")
-MAX_XOR_GROUP = 8  # nodes per XOR group by default (fewer if the job has fewer)
-PARITY_SUBDIR = "parity"  # beside the memory tier's snapshots: the XOR parities this host keeps
+SCHEMES = ("replicate", "xor", "rs")
+MAX_GROUP = 8  # nodes per XOR or Reed-Solomon group by default (fewer if the job has fewer)
+DEFAULT_RS_PARITIES = 2
+PARITY_SUBDIR = "parity"  # beside the memory tier's snapshots: the parities this host keeps
 _LENGTH = struct.Struct("!Q")
 _MAX_HEADER = 1 << 22  # bytes of JSON: a file list, never more
 _CHUNK = 1 << 20
@@ -121,30 +128,32 @@ def predecessor_of(rank: int, world_size: int, local_world_size: int) -> int:
     return (rank - local_world_size) % world_size
 
 
-def xor_group(rank: int, world_size: int, local_world_size: int, group_size: int) -> tuple[int, list[int], int]:
-    """``xor``: (the group's number, its members, the rank that keeps its parity) for ``rank``.
+def parity_group(rank: int, world_size: int, local_world_size: int, group_size: int,
+                 parities: int = 1) -> tuple[int, list[int], list[int]]:
+    """``xor`` and ``rs``: (the group's number, its members, the ranks that keep its parities) for ``rank``.
 
     The nodes are cut into runs of ``group_size`` consecutive nodes (the last
     run may be shorter); a group is the ranks of one local rank on one run,
-    and its parity goes to that local rank on the node after the run, never
-    a node of the group (``group_size`` < number of nodes).
+    and its ``parities`` parities go to that local rank on the nodes after the
+    run, never a node of the group (``group_size + parities`` <= nodes).
     """
     nodes = world_size // local_world_size
-    if not 1 <= group_size < nodes:
-        raise PeerError(f"an XOR group of {group_size} nodes needs more than {group_size} nodes (the job has {nodes})")
+    if not (1 <= group_size and 1 <= parities and group_size + parities <= nodes):
+        raise PeerError(f"a group of {group_size} nodes with {parities} parit{'y' if parities == 1 else 'ies'} "
+                        f"elsewhere needs {group_size + parities} nodes or more (the job has {nodes})")
     node, local = divmod(rank, local_world_size)
     run = node // group_size
     first, end = run * group_size, min((run + 1) * group_size, nodes)
     number = run * local_world_size + local
     members = [n * local_world_size + local for n in range(first, end)]
-    return number, members, (end % nodes) * local_world_size + local
+    return number, members, [((end + j) % nodes) * local_world_size + local for j in range(parities)]
 
 
 class PeerCopies:
     """This rank's side of the copies across hosts (see the module docstring)."""
 
     def __init__(self, memory: MemoryStore, rank: int, world_size: int, local_world_size: int, node: int,
-                 timeout: float, scheme: str = "replicate", group_size: int = 0) -> None:
+                 timeout: float, scheme: str = "replicate", group_size: int = 0, parities: int = 0) -> None:
         if scheme not in SCHEMES:
             raise PeerError(f"no redundancy scheme {scheme!r} (one of {', '.join(SCHEMES)})")
         self.memory = memory
@@ -153,27 +162,36 @@ class PeerCopies:
         self.node = node
         self.scheme = scheme
         self.predecessor = predecessor_of(rank, world_size, local_world_size)
-        if scheme == "xor":
+        self.parities = 0
+        # The ranks whose snapshots this rank keeps (a copy, or in a parity): copies of any other are refused.
+        self._holds: dict[int, tuple[list[int], int]] = {}  # group -> (its members, the parity row kept here)
+        if scheme in ("xor", "rs"):
+            if scheme == "rs":
+                try:
+                    isal.library()
+                except isal.IsalUnavailable as exc:
+                    raise PeerError(str(exc)) from None
+            self.parities = 1 if scheme == "xor" else (parities or DEFAULT_RS_PARITIES)
             nodes = world_size // max(local_world_size, 1)
-            group_size = group_size or min(nodes - 1, MAX_XOR_GROUP)
-            self.group, self.members, self.successor = xor_group(rank, world_size, local_world_size, group_size)
+            group_size = group_size or max(1, min(nodes - self.parities, MAX_GROUP))
+            self.group, self.members, self.successors = parity_group(rank, world_size, local_world_size,
+                                                                     group_size, self.parities)
+            for r in range(rank % local_world_size, world_size, local_world_size):
+                group, members, holders = parity_group(r, world_size, local_world_size, group_size, self.parities)
+                if rank in holders:
+                    self._holds[group] = (members, holders.index(rank))
+            self.keeps_for = {m for members, _ in self._holds.values() for m in members}
         else:
             self.group, self.members = None, [rank]
-            self.successor = successor_of(rank, world_size, local_world_size)
-        # The ranks whose snapshots this rank keeps (a copy, or in a parity): copies of any other are refused.
-        if scheme == "xor":
-            groups = [xor_group(r, world_size, local_world_size, group_size)
-                      for r in range(rank % local_world_size, world_size, local_world_size)]
-            self.keeps_for = {m for _, members, holder in groups if holder == rank for m in members}
-        else:
+            self.successors = [successor_of(rank, world_size, local_world_size)]
             self.keeps_for = {self.predecessor}
-        self._accumulating: dict[tuple[int, int], dict] = {}  # (step, group) -> the parity so far (xor, receiving)
+        self._accumulating: dict[tuple[int, int], dict] = {}  # (step, group) -> the parity so far (receiving)
         self._frozen = False  # a JIT event: what this host keeps is handed over as it is, nothing more comes in
         self.timeout = timeout
         self.token = secrets.token_hex(16)
         self._listener: socket.socket | None = None
-        self._peer: dict | None = None  # the successor's published entry
-        self._conn: socket.socket | None = None
+        self._peers: dict[int, dict] = {}  # the successors' published entries
+        self._conns: dict[int, socket.socket] = {}
         self._seen: set[int] = set()  # ranks whose first copy this process received (it drops their later steps)
         self._received: set[tuple[int, int]] = set()  # (rank, step) of the copies this process received
         self._idle = threading.Event()  # no copy in flight
@@ -188,38 +206,53 @@ class PeerCopies:
         store.set(f"{prefix}/{rank}", json.dumps({"off": why}))
 
     def start(self, store: Any, prefix: str) -> None:
-        """Listen for the predecessor's copies, publish where under ``prefix`` in the job's ``store``, and find
-        the successor there (waiting at most ``timeout`` seconds for it); raises PeerError."""
+        """Listen for the copies this rank keeps, publish where under ``prefix`` in the job's ``store``, and
+        find the successors there (waiting at most ``timeout`` seconds for them); raises PeerError."""
         listener = socket.create_server(("0.0.0.0", 0))
         self._listener = listener
         entry = {"host": _my_address(), "port": listener.getsockname()[1], "node": self.node, "token": self.token}
         store.set(f"{prefix}/{self.rank}", json.dumps(entry))
         threading.Thread(target=self._serve, name="jitckpt-memory-peers", daemon=True).start()
-        key = f"{prefix}/{self.successor}"
-        try:
-            store.wait([key], timedelta(seconds=self.timeout))
-            peer = json.loads(store.get(key))
-        except Exception as exc:  # (a timeout, a store that went away)
-            raise PeerError(f"rank {self.successor}, which keeps this rank's copies, never said where it listens "
-                            f"({type(exc).__name__}: {exc})") from None
-        if "off" in peer:
-            raise PeerError(f"rank {self.successor}, which would keep this rank's copies, keeps none ({peer['off']})")
-        if peer.get("node") == self.node:
-            raise PeerError(f"rank {self.successor} is on this rank's own node {self.node}, so its copies would "
-                            f"die with this host (ranks not placed node by node?)")
-        self._peer = peer
+        for successor in self.successors:
+            key = f"{prefix}/{successor}"
+            try:
+                store.wait([key], timedelta(seconds=self.timeout))
+                peer = json.loads(store.get(key))
+            except Exception as exc:  # (a timeout, a store that went away)
+                raise PeerError(f"rank {successor}, which keeps this rank's copies, never said where it listens "
+                                f"({type(exc).__name__}: {exc})") from None
+            if "off" in peer:
+                raise PeerError(f"rank {successor}, which would keep this rank's copies, keeps none ({peer['off']})")
+            if peer.get("node") == self.node:
+                raise PeerError(f"rank {successor} is on this rank's own node {self.node}, so its copies would "
+                                f"die with this host (ranks not placed node by node?)")
+            self._peers[successor] = peer
 
     # ----- sending ---------------------------------------------------------------------
 
     def send(self, snapshot: Path, step: int) -> int:
-        """Copy the committed snapshot ``snapshot`` of minibatch ``step`` to the successor; returns bytes sent."""
-        assert self._peer is not None
-        header = {"token": self._peer["token"], "rank": self.rank, "step": step, "scheme": self.scheme,
-                  "group": self.group, "members": self.members, "files": [list(f) for f in files_of(snapshot)]}
-        files = [snapshot / path for path, _ in header["files"]]
+        """Copy the committed snapshot ``snapshot`` of minibatch ``step`` to every successor; returns the bytes
+        sent.  PeerError names each successor that did not take it (after trying every one)."""
+        listing = [list(f) for f in files_of(snapshot)]
+        files = [snapshot / path for path, _ in listing]
+        sent, errors = 0, []
+        for successor in self.successors:
+            header = {"token": self._peers[successor]["token"], "rank": self.rank, "step": step,
+                      "scheme": self.scheme, "files": listing}
+            try:
+                sent += self._send_to(successor, header, files)
+            except PeerError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise PeerError("; ".join(errors))
+        self.sent += 1
+        return sent
+
+    def _send_to(self, successor: int, header: dict, files: list[Path]) -> int:
+        step = header["step"]
         for attempt in (1, 2):  # (once more on a fresh connection: the successor may have restarted its side)
             try:
-                conn = self._connection()
+                conn = self._connection(successor)
                 raw = json.dumps(header).encode()
                 conn.sendall(_LENGTH.pack(len(raw)) + raw)
                 for f in files:
@@ -227,14 +260,13 @@ class PeerCopies:
                         conn.sendfile(fh)
                 answer = _read_line(conn)
             except OSError as exc:
-                self._close()
+                self._close(successor)
                 if attempt == 2:
-                    raise PeerError(f"sending the copy of minibatch {step} to rank {self.successor} failed "
+                    raise PeerError(f"sending the copy of minibatch {step} to rank {successor} failed "
                                     f"({type(exc).__name__}: {exc})") from None
                 continue
             if answer != "ok":
-                raise PeerError(f"rank {self.successor} refused the copy of minibatch {step}: {answer}")
-            self.sent += 1
+                raise PeerError(f"rank {successor} refused the copy of minibatch {step}: {answer}")
             return sum(size for _, size in header["files"])
         raise AssertionError("unreachable")
 
@@ -261,16 +293,17 @@ class PeerCopies:
         """Wait for the copy in flight, if any, to end; False if it is still going after ``timeout`` seconds."""
         return self._idle.wait(timeout)
 
-    def _connection(self) -> socket.socket:
-        if self._conn is None:
-            assert self._peer is not None
-            self._conn = socket.create_connection((self._peer["host"], self._peer["port"]), timeout=self.timeout)
-        return self._conn
+    def _connection(self, successor: int) -> socket.socket:
+        if successor not in self._conns:
+            peer = self._peers[successor]
+            self._conns[successor] = socket.create_connection((peer["host"], peer["port"]), timeout=self.timeout)
+        return self._conns[successor]
 
-    def _close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+    def _close(self, successor: int | None = None) -> None:
+        for rank in [successor] if successor is not None else list(self._conns):
+            conn = self._conns.pop(rank, None)
+            if conn is not None:
+                conn.close()
 
     # ----- receiving -------------------------------------------------------------------
 
@@ -336,8 +369,8 @@ class PeerCopies:
                 finally:
                     os.close(fd)
 
-        if header.get("scheme", "replicate") == "xor":
-            return self._accumulate(conn, header, rank, step, files), True
+        if self.scheme in ("xor", "rs"):
+            return self._accumulate(conn, rank, step, files), True
         self.memory.prune_rank(rank, step, drop_later=rank not in self._seen)
         self._seen.add(rank)
         # (replacing a copy of that step an earlier worker received: this timeline's is the one to keep)
@@ -345,17 +378,14 @@ class PeerCopies:
         self._received.add((rank, step))
         return "ok", True
 
-    def _accumulate(self, conn: socket.socket, header: dict, rank: int, step: int,
-                    files: list[tuple[list[str], int]]) -> str:
-        """``xor``: fold one member's snapshot into its group's parity; the parity is published once every
-        member's snapshot of the step is in."""
-        group, members = header.get("group"), header.get("members")
+    def _accumulate(self, conn: socket.socket, rank: int, step: int, files: list[tuple[list[str], int]]) -> str:
+        """``xor``, ``rs``: fold one member's snapshot into the parity of its group kept here; the parity is
+        published once every member's snapshot of the step is in.  The group, its members and the row come
+        from this rank's own view of the layout, never from the message."""
         blob = bytearray(blob_header([("/".join(parts), size) for parts, size in files]))
         for _, size in files:
             blob += _read_exact(conn, size)
-        if not (isinstance(group, int) and isinstance(members, list) and rank in members
-                and all(isinstance(m, int) and m >= 0 for m in members) and len(members) <= 1024):
-            return f"refused: group {group!r}, members {members!r:.80}"
+        group, (members, row) = next((g, held) for g, held in self._holds.items() if rank in held[0])
         key = (step, group)
         for old in [k for k in self._accumulating if k[0] < step - 1 or (k[0] > step and rank not in self._seen)]:
             del self._accumulating[old]  # (older steps: never completed; later ones: a timeline cut short)
@@ -363,10 +393,15 @@ class PeerCopies:
         entry = self._accumulating.setdefault(key, {"parity": np.zeros(0, np.uint8), "members": {}, "of": set(members)})
         if rank in entry["members"]:
             return "ok"  # (sent again after a reconnect: already folded in)
-        entry["parity"] = xor_into(entry["parity"], blob)
+        if self.scheme == "xor":
+            entry["parity"] = xor_into(entry["parity"], blob)
+        else:
+            entry["parity"] = isal.update(entry["parity"], blob, len(members), self.parities, row, members.index(rank))
         entry["members"][rank] = (len(blob), digest(blob))
         if set(entry["members"]) >= entry["of"]:
-            write_parity(self.parity_root, step, group, entry["parity"], entry["members"])
+            code = None if self.scheme == "xor" else {"k": len(members), "m": self.parities, "row": row,
+                                                      "index": {r: i for i, r in enumerate(members)}}
+            write_parity(self.parity_root, step, group, entry["parity"], entry["members"], code)
             del self._accumulating[key]
             prune_parities(self.parity_root, step - 1)
         return "ok"
@@ -376,7 +411,7 @@ class PeerCopies:
     def hand_over(self, checkpoint_root: Path, saved_step: int | None) -> list[str]:
         """Copy into the shared ``peer_copies`` tier what another host's lost rank needs: ``replicate``: the
         predecessor's copies held here and this rank's own snapshots (but the minibatch its JIT save wrote);
-        ``xor``: the parities kept here and every own snapshot (the others' rebuild reads them).  Returns
+        ``xor``, ``rs``: the parities kept here and every own snapshot (the others' rebuild reads them).  Returns
         what was copied (``step-N/rank-R``, ``step-N/group-G``)."""
         self._frozen = True  # (no copy arriving now prunes what is being handed over)
         target = peer_copies(checkpoint_root).root
@@ -408,9 +443,9 @@ class PeerCopies:
                     hidden = there / f".{part.name}.partial-{os.getpid()}"
                     copy_private_file(part, hidden)
                     os.replace(hidden, there / part.name)
-                handed.append(f"{there.name}/group-{group}")
+                handed.append(f"{there.name}/{meta.stem}")
             except OSError as exc:
-                failed.append(f"{there.name}/group-{group}: {exc}")
+                failed.append(f"{there.name}/{meta.stem}: {exc}")
         if failed:
             raise HandOverError(handed, failed)
         return handed

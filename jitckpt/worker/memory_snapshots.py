@@ -171,9 +171,11 @@ class MemorySnapshots:
         # must not hold this one past the point where the others' hang watchdogs would fire.
         timeout = max(rt.hang_timeout / 2, 1.0)
         scheme = os.environ.get(config.ENV_MEMORY_REDUNDANCY, config.DEFAULT_MEMORY_REDUNDANCY)
-        group = int(os.environ.get(config.ENV_MEMORY_XOR_GROUP) or 0)
+        group = int(os.environ.get(config.ENV_MEMORY_GROUP) or 0)
+        parities = int(os.environ.get(config.ENV_MEMORY_PARITIES) or 0)
         try:
-            peers = PeerCopies(self.store, rt.rank, rt.world_size, rt.local_world_size, node, timeout, scheme, group)
+            peers = PeerCopies(self.store, rt.rank, rt.world_size, rt.local_world_size, node, timeout, scheme, group,
+                               parities)
         except PeerError as exc:
             log(f"memory tier off for rank {rt.rank}: {exc}")
             return f"the redundancy across hosts cannot be set up ({exc})"
@@ -206,7 +208,11 @@ class MemorySnapshots:
             return ""
         if self.peers.scheme == "xor":
             return (f", each group of {len(self.peers.members)} host(s) with one XOR parity on another host "
-                    f"(rank {self.peers.successor} keeps rank {self.peers.rank}'s group's)")
+                    f"(rank {self.peers.successors[0]} keeps rank {self.peers.rank}'s group's)")
+        if self.peers.scheme == "rs":
+            return (f", each group of {len(self.peers.members)} host(s) with {self.peers.parities} Reed-Solomon "
+                    f"parities on other hosts (ranks {', '.join(map(str, self.peers.successors))} keep rank "
+                    f"{self.peers.rank}'s group's; any {self.peers.parities} lost hosts are rebuilt)")
         return ", each with a copy on a rank of another host"
 
     def rebuild(self, rt: "JitRuntime") -> None:
@@ -220,7 +226,7 @@ class MemorySnapshots:
         started = time.perf_counter()
         done, failed = rebuild(parity_area(rt.checkpoint_root), peer_copies(rt.checkpoint_root).root)
         if done:
-            log(f"memory tier: rebuilt {', '.join(done)} from XOR parity in {time.perf_counter() - started:.2f}s")
+            log(f"memory tier: rebuilt {', '.join(done)} in {time.perf_counter() - started:.2f}s")
             eventlog.record("memory_rebuilt", rank=rt.rank, attempt=rt.attempt, rebuilt=done)
         for why in failed:
             log(f"memory tier: {why}")
@@ -324,9 +330,11 @@ class MemorySnapshots:
             eventlog.record("memory_peer_copy_failed", rank=rt.rank, attempt=rt.attempt, step=step, error=error)
             return
         if self.peers.sent == 1 or self._peer_failing:
-            kept = "folded into the XOR parity kept" if self.peers.scheme == "xor" else "kept"
-            log(f"memory tier: copy of minibatch {step}'s snapshot {kept} by rank {self.peers.successor} on another "
-                f"host ({(size or 0) / 1024:.0f} KiB in {seconds * 1000:.1f} ms, beside the training)")
+            kept = {"xor": "folded into the XOR parity kept", "rs": "folded into the Reed-Solomon parities kept"}
+            holders = ", ".join(map(str, self.peers.successors))
+            log(f"memory tier: copy of minibatch {step}'s snapshot {kept.get(self.peers.scheme, 'kept')} by "
+                f"rank(s) {holders} on other host(s) ({(size or 0) / 1024:.0f} KiB sent in {seconds * 1000:.1f} ms, "
+                f"beside the training)")
             eventlog.record("memory_peer_copy", rank=rt.rank, attempt=rt.attempt, step=step, bytes=size,
                             seconds=seconds)
         self._peer_failing = False
