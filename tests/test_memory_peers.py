@@ -411,8 +411,14 @@ def test_rs_copies_over_the_wire_rebuild_two_lost_hosts_and_refuse_three(tmp_pat
     try:
         assert [p.successors for p in peers] == [[2, 3], [2, 3], [0, 1], [0, 1]]
         assert [sorted(p.keeps_for) for p in peers] == [[2, 3], [2, 3], [0, 1], [0, 1]]
-        for rank in (0, 1):
-            peers[rank].send(_snapshot(peers[rank].memory, rank, 6, bytes([rank + 7]) * (900 + 333 * rank)), 6)
+        # both at once, as in a job (each arrives on its own thread), rank 1's longer: the parity grows meanwhile
+        senders = [threading.Thread(target=peers[rank].send, args=(
+            _snapshot(peers[rank].memory, rank, 6, bytes(range(rank, 256)) * (24000 + 9000 * rank)), 6))
+            for rank in (0, 1)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
         for holder, row in ((2, 0), (3, 1)):
             held = sorted(p.relative_to(peers[holder].parity_root).as_posix() for p in peers[holder].parity_root.rglob("*.json"))
             assert held == [f"step-00000006/group-0.row-{row}.json"], held

@@ -184,6 +184,65 @@ def test_xor_lost_host_is_rebuilt_from_the_parity_on_a_third_host_bit_exact(tmp_
 
 
 @pytest.mark.slow
+def test_rs_two_hosts_lost_together_are_rebuilt_from_two_parities_bit_exact(tmp_path):
+    """``--memory-redundancy rs`` (2 data + 2 parities), four hosts of one FSDP2 rank each: ranks 2 and 3 form a
+    group whose two Reed-Solomon parities ranks 0 and 1 keep.  Both freeze in their backward of minibatch 5 and
+    both their hosts are lost at once; their snapshots are rebuilt from the two parities alone, and the job
+    ends bit-exact, one minibatch redone."""
+    from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
+
+    expected = fault_free("fsdp", 4)
+    base = ["--mode", "fsdp", "--steps", str(STEPS)]
+    rs = ["--memory-redundancy", "rs"]
+    dies = ["--die", "2:5:backward:hang", "--die", "3:5:backward:hang"]
+    port = _free_port()
+    hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
+                                   nnodes=4, jit_options=rs)}
+    _wait_listening(port)
+    candidates = ("host1", "host2", "host3")  # (which of them get ranks 2 and 3 is the rendezvous's choice)
+    for name in candidates:
+        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, nproc_per_node=1, nnodes=4, jit_options=rs,
+                                   script_args=[*base, *dies])
+    deadline = time.monotonic() + 300
+    hung: dict[int, str] = {}
+    while len(hung) < 2:
+        for name in candidates:
+            for rank in (2, 3):
+                if f"rank {rank}: hang myself in the backward of minibatch 5" in (tmp_path / f"{name}.log").read_text(errors="replace"):
+                    hung[rank] = name
+        assert time.monotonic() < deadline and all(hosts[n].poll() is None for n in candidates), \
+            "\n".join((tmp_path / f"{n}.log").read_text()[-2000:] for n in candidates)
+        time.sleep(0.1)
+    memories = [Path("/dev/shm") / f"jitckpt-{run.name[len('run-'):]}" for run in (tmp_path / "ckpt" / ".jitckpt").glob("run-*")]
+    for row in (0, 1):  # (each parity complete: both members' copies folded in)
+        while not any((m / "parity" / "step-00000005" / f"group-1.row-{row}.json").is_file() for m in memories):
+            assert time.monotonic() < deadline, memories
+            time.sleep(0.05)
+    for name in hung.values():
+        _lose_node(hosts[name].pid)
+    for name in hung.values():
+        hosts[name].wait()
+    for n in (1, 2):
+        hosts[f"replacement{n}"] = _launch_node(tmp_path, f"replacement{n}", port, script=PROGRAM, script_args=base,
+                                                nproc_per_node=1, nnodes=4, jit_options=rs)
+    alive = ["host0", *(n for n in candidates if n not in hung.values()), "replacement1", "replacement2"]
+    results = {name: _finish(tmp_path, name, hosts[name]) for name in alive}
+    outputs = "\n".join(output for _, output, _ in results.values())
+    for code, output, report in results.values():
+        assert code == 0 and report is not None, output[-4000:]
+    assert f"final parameters sha256 {expected}" in outputs, outputs[-6000:]
+    for rank in (2, 3):
+        assert f"step-00000005/rank-0000{rank} from Reed-Solomon parities" in outputs, outputs[-4000:]
+    assert "any 2 lost hosts are rebuilt" in outputs, outputs[-4000:]
+    assert resumes(outputs) == {0: (5, False), 1: (5, False), 2: (5, True), 3: (5, True)}, resumes(outputs)
+    assert "no RNG state" not in outputs and "not bit-exact" not in outputs, outputs[-4000:]
+    hidden = tmp_path / "ckpt" / ".jitckpt"  # the job completed: what was handed over is gone
+    assert not (hidden / "from-peer-memory").exists() and not (hidden / "from-peer-memory-parity").exists()
+    (failure,) = results["host0"][2]["failures"]
+    assert failure["resumed_from_minibatch"] == 5 and failure["minibatches_redone"] == 1, failure
+
+
+@pytest.mark.slow
 def test_two_neighbouring_hosts_lost_name_the_shard_with_no_copy_left_and_fall_back(tmp_path):
     """Three hosts of one FSDP2 rank each: hosts 1 and 2 are lost together.  Rank 1's copy was kept by rank 2,
     lost with it: beyond what one copy tolerates.  The selection names that shard, uses no partial step, and

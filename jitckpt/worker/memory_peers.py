@@ -186,6 +186,7 @@ class PeerCopies:
             self.successors = [successor_of(rank, world_size, local_world_size)]
             self.keeps_for = {self.predecessor}
         self._accumulating: dict[tuple[int, int], dict] = {}  # (step, group) -> the parity so far (receiving)
+        self._folding = threading.Lock()  # (each sender has its own receiving thread; one parity, one writer)
         self._frozen = False  # a JIT event: what this host keeps is handed over as it is, nothing more comes in
         self.timeout = timeout
         self.token = secrets.token_hex(16)
@@ -386,6 +387,10 @@ class PeerCopies:
         for _, size in files:
             blob += _read_exact(conn, size)
         group, (members, row) = next((g, held) for g, held in self._holds.items() if rank in held[0])
+        with self._folding:
+            return self._fold(bytes(blob), rank, step, group, members, row)
+
+    def _fold(self, blob: bytes, rank: int, step: int, group: int, members: list[int], row: int) -> str:
         key = (step, group)
         for old in [k for k in self._accumulating if k[0] < step - 1 or (k[0] > step and rank not in self._seen)]:
             del self._accumulating[old]  # (older steps: never completed; later ones: a timeline cut short)
