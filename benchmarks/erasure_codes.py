@@ -11,13 +11,19 @@ measures, single-threaded on the same warmed buffers (k snapshots of
   snapshot before the network;
 - ``xor``: one parity of the k buffers (numpy ``bitwise_xor``), and the
   rebuild of one lost buffer from the parity and the k-1 others;
-- ``rs isa-l cauchy`` (``pyeclib``, ISA-L through liberasurecode) and
-  ``rs zfec``: m parities of the k buffers, and the rebuild of m lost ones.
+- ``rs isa-l cauchy (jitckpt.store.isal)``: what ``--memory-redundancy rs``
+  runs, ISA-L's ``ec_encode_data`` called directly (the parity holders fold
+  one blob at a time with ``ec_encode_data_update``, also timed), and the
+  rebuild of m lost buffers;
+- ``rs isa-l cauchy (pyeclib)`` (ISA-L through liberasurecode's fragment
+  API) and ``rs zfec``: m parities of the k buffers, and the rebuild of m
+  lost ones.
 
 Throughput is the data encoded (k buffers) or rebuilt per second, per core;
 the variants run interleaved, ``--reps`` rounds, medians reported.  A
 library that is not installed is reported as such (``pip install pyeclib
-zfec``); nothing of this is a dependency of jitckpt.
+zfec``); of these, jitckpt uses only the ISA-L that pyeclib's wheels carry
+(its ``rs`` extra).
 
     python benchmarks/erasure_codes.py [--k 4] [--m 2] [--mib 24] [--reps 7]
 """
@@ -92,6 +98,45 @@ def _pyeclib(data: list[bytes], m: int) -> tuple[Callable[[], object], Callable[
     return encode, decode
 
 
+def _isal(data: list[bytes], m: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    from jitckpt.store import isal
+
+    try:
+        isal.library()
+    except isal.IsalUnavailable:
+        raise ImportError(name="ISA-L") from None
+    arrays = [np.frombuffer(b, np.uint8) for b in data]
+    k = len(arrays)
+    parities = isal.encode(arrays, m)
+    present = {i: a for i, a in enumerate(arrays) if i >= m} | {k + j: p for j, p in enumerate(parities)}
+
+    def encode():
+        return isal.encode(arrays, m)
+
+    def decode():  # the first m lost
+        return isal.decode(k, m, present, list(range(m)))
+
+    assert all(np.array_equal(decode()[i], arrays[i]) for i in range(m))
+    return encode, decode
+
+
+def _isal_folding(data: list[bytes], m: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    from jitckpt.store import isal
+
+    encode_all, decode = _isal(data, m)
+    arrays = [np.frombuffer(b, np.uint8) for b in data]
+    k = len(arrays)
+
+    def encode():  # one parity holder's work per snapshot of its group: every member folded into its row
+        parity = np.zeros(len(arrays[0]), np.uint8)
+        for index, a in enumerate(arrays):
+            parity = isal.update(parity, a, k, m, 0, index)
+        return parity
+
+    assert np.array_equal(encode(), encode_all()[0])
+    return encode, decode
+
+
 def _zfec(data: list[bytes], m: int) -> tuple[Callable[[], object], Callable[[], object]]:
     import zfec
 
@@ -111,7 +156,9 @@ def _zfec(data: list[bytes], m: int) -> tuple[Callable[[], object], Callable[[],
     return encode, decode
 
 
-VARIANTS = {"memcpy": _memcpy, "xor": _xor, "rs isa-l cauchy (pyeclib)": _pyeclib, "rs zfec": _zfec}
+VARIANTS = {"memcpy": _memcpy, "xor": _xor, "rs isa-l cauchy (jitckpt.store.isal)": _isal,
+            "rs isa-l one parity folded blob by blob (a holder's share)": _isal_folding,
+            "rs isa-l cauchy (pyeclib)": _pyeclib, "rs zfec": _zfec}
 
 
 def main() -> int:

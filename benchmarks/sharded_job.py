@@ -134,7 +134,9 @@ def main() -> None:
         mine = sorted(Path(shm, "memory").glob(f"step-*/rank-{rank:05d}"))
         sizes = [sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) for d in mine]
         # (in a multi-node job the host's tier also holds copies of another host's snapshots)
-        host = sum(f.stat().st_size for f in Path(shm, "memory").rglob("*") if f.is_file())
+        # (and, with xor or rs, the parities it keeps: memory/ and parity/)
+        host = sum(f.stat().st_size for f in Path(shm).rglob("*") if f.is_file() and f.parent.name != "jitckpt-rng"
+                   and f.relative_to(shm).parts[0] in ("memory", "parity"))
         emit("memory", rank=rank, newest=sizes[-1] if sizes else 0, total=sum(sizes), snapshots=len(sizes),
              host_per_rank=host / int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     dist.destroy_process_group()

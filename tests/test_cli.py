@@ -68,6 +68,20 @@ def test_a_nonsense_agreement_timeout_is_refused_before_any_worker_starts(tmp_pa
     assert result.returncode == 2 and "JITCKPT_AGREEMENT_TIMEOUT must be a finite number > 0" in result.stderr
 
 
+def test_rs_without_isa_l_and_nonsense_group_sizes_are_refused_before_any_worker_starts(tmp_path):
+    env = job_env()
+    env["JITCKPT_ISAL_LIBRARY"] = str(tmp_path / "no-libisal.so")
+    result = jit_run("--checkpoint-dir", str(tmp_path), "--memory-redundancy", "rs", "torchrun", "x.py", env=env)
+    assert result.returncode == 2 and "--memory-redundancy rs" in result.stderr, result.stderr
+    assert "ISA-L" in result.stderr and "pip install 'jitckpt[rs]'" in result.stderr, result.stderr
+    assert "launching torchrun" not in result.stderr
+    for name, value in (("JITCKPT_MEMORY_GROUP", "0"), ("JITCKPT_MEMORY_PARITIES", "two")):
+        env = job_env()
+        env[name] = value
+        result = jit_run("--checkpoint-dir", str(tmp_path), "--memory-redundancy", "rs", "torchrun", "x.py", env=env)
+        assert result.returncode == 2 and f"{name} must be" in result.stderr, result.stderr
+
+
 def test_admin_switch_turns_jit_run_into_a_pass_through(tmp_path):
     env = job_env()
     env["JITCKPT_ENABLE"] = "0"

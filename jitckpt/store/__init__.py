@@ -7,7 +7,8 @@
 - ``disk``: ``DiskStore``, per-rank directories committed atomically with checksummed metadata;
 - ``memory``: ``MemoryStore``, the node's memory tier (snapshots of each rank's shard in host memory);
 - ``tiered``: ``TieredStore``, several tiers read as one (disk and memory);
-- ``parity``: XOR parities of groups of snapshots, and the rebuild of a lost one from them.
+- ``parity``: XOR or Reed-Solomon parities of groups of snapshots, and the rebuild of lost ones from them;
+- ``isal``: Cauchy Reed-Solomon coding with Intel's ISA-L (loaded when the ``rs`` scheme is used).
 """
 
 from jitckpt.store.base import CheckpointInfo, CheckpointStore

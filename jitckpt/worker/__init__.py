@@ -19,8 +19,9 @@
 - ``sharding``: which ranks hold the same state (FSDP2/DTensor, HSDP, ZeRO, DDP);
 - ``memory_snapshots``: each rank's shard snapshotted into the node's memory
   tier at every minibatch's start, where it has no copy on another rank;
-  ``memory_peers``: in a multi-node job, a copy of each snapshot in another
-  host's memory tier, handed over to the shared file system at a JIT event;
+  ``memory_peers``: in a multi-node job, a copy of each snapshot (or XOR or
+  Reed-Solomon parities of groups of them) in other hosts' memory tiers,
+  handed over to the shared file system at a JIT event;
 - ``standby``: a pre-warmed interpreter that becomes a worker on a warm restart;
 - ``shutdown``: a clean end of a finished script;
 - ``console``: what a worker prints.
