@@ -170,7 +170,8 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="H",
         help="share of failures beyond the tier's tolerance (required with --snapshot-overhead): with one "
         "copy of every snapshot on the next host of a ring, the share of failures that take two "
-        "neighbouring hosts at once (single-node job: that take its host)",
+        "neighbouring hosts at once; with xor, two hosts of one group (or its parity's host); with rs k+m, "
+        "more than m hosts of one group of k+m (single-node job: that take its host)",
     )
 
     mc = parser.add_argument_group(
