@@ -40,6 +40,8 @@ ENV_MEMORY_TIER = "JITCKPT_MEMORY_TIER"
 ENV_MEMORY_REDUNDANCY = "JITCKPT_MEMORY_REDUNDANCY"
 ENV_MEMORY_GROUP = "JITCKPT_MEMORY_GROUP"
 ENV_MEMORY_PARITIES = "JITCKPT_MEMORY_PARITIES"
+# replicate: how many copies of each snapshot, on the next nodes of the ring (default 1)
+ENV_MEMORY_COPIES = "JITCKPT_MEMORY_COPIES"
 # Set by jit-run's agent for its workers: the rendezvous round they were started
 # in, which every node of the job agrees on (restart counts can differ by node).
 ENV_RENDEZVOUS_ROUND = "JITCKPT_RENDEZVOUS_ROUND"

@@ -284,6 +284,49 @@ def test_two_neighbouring_hosts_lost_name_the_shard_with_no_copy_left_and_fall_b
 
 
 @pytest.mark.slow
+def test_two_copies_survive_two_neighbouring_hosts_lost_bit_exact(tmp_path):
+    """The same two neighbouring hosts lost as above, with ``JITCKPT_MEMORY_COPIES=2``: every snapshot has a copy
+    on each of the next two hosts, so host 0 keeps copies of ranks 1 and 2 both, hands them over, and the
+    replacement hosts resume at minibatch 5 from them, bit-exact, one minibatch redone."""
+    from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
+
+    expected = fault_free("fsdp", 3)
+    base = ["--mode", "fsdp", "--steps", str(STEPS)]
+    two = {"JITCKPT_MEMORY_COPIES": "2"}
+    port = _free_port()
+    hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
+                                   nnodes=3, env=two)}
+    _wait_listening(port)
+    for name in ("host1", "host2"):  # (which of them gets rank 1 is the rendezvous's choice)
+        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, nproc_per_node=1, nnodes=3, env=two,
+                                   script_args=[*base, "--die", "1:5:backward:hang"])
+    deadline = time.monotonic() + 240
+    logs = [tmp_path / "host1.log", tmp_path / "host2.log"]
+    while not any("rank 1: hang myself in the backward of minibatch 5" in log.read_text(errors="replace") for log in logs):
+        assert time.monotonic() < deadline and hosts["host1"].poll() is None, logs[0].read_text()[-3000:]
+        time.sleep(0.1)
+    for rank in (1, 2):
+        _wait_for_copy(tmp_path / "host0.log", rank=rank, step=5)
+    for name in ("host1", "host2"):
+        _lose_node(hosts[name].pid)
+    for name in ("host1", "host2"):
+        hosts[name].wait()
+        hosts[f"new-{name}"] = _launch_node(tmp_path, f"new-{name}", port, script=PROGRAM, script_args=base,
+                                            nproc_per_node=1, nnodes=3, env=two)
+    results = {name: _finish(tmp_path, name, hosts[name]) for name in ("host0", "new-host1", "new-host2")}
+    outputs = "\n".join(output for _, output, _ in results.values())
+    for code, output, report in results.values():
+        assert code == 0 and report is not None, output[-4000:]
+    assert f"final parameters sha256 {expected}" in outputs, outputs[-6000:]
+    assert "each with 2 copies on ranks of the next hosts" in outputs, outputs[-4000:]
+    assert "handed over step-00000005/rank-00001" in outputs and "step-00000005/rank-00002" in outputs, outputs[-4000:]
+    assert resumes(outputs) == {0: (5, False), 1: (5, True), 2: (5, True)}, resumes(outputs)
+    assert "no RNG state" not in outputs and "not bit-exact" not in outputs, outputs[-4000:]
+    (failure,) = results["host0"][2]["failures"]
+    assert failure["resumed_from_minibatch"] == 5 and failure["minibatches_redone"] == 1, failure
+
+
+@pytest.mark.slow
 def test_zero_rank_killed_inside_the_step_resumes_from_memory_bit_exact(tmp_path):
     """ZeroRedundancyOptimizer: killed in the parameter broadcast after its local step; its peers, mid-step
     themselves, cannot save at all (their state is half-applied), so every shard comes from memory."""

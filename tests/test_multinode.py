@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 def _launch_node(tmp_path: Path, name: str, port: int, fault: str = "", train_args: list[str] | None = None,
                  nproc_per_node: int = 2, jit_options: list[str] | None = None, script: Path = EXAMPLE,
-                 script_args: list[str] = TRAIN_ARGS, nnodes: int = 2) -> subprocess.Popen:
+                 script_args: list[str] = TRAIN_ARGS, nnodes: int = 2, env: dict | None = None) -> subprocess.Popen:
     """One node: jit-run with its own torchrun agent (2 workers) in a c10d rendezvous of ``nnodes`` nodes on
     ``port``, running ``script`` with ``script_args`` and ``train_args``."""
     cmd = [sys.executable, "-m", "jitckpt", "--checkpoint-dir", str(tmp_path / "ckpt"), "--hang-timeout", "3",
@@ -46,7 +46,7 @@ def _launch_node(tmp_path: Path, name: str, port: int, fault: str = "", train_ar
             str(script), *script_args, *(train_args or [])]
     log = open(tmp_path / f"{name}.log", "w")
     try:
-        return subprocess.Popen(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        return subprocess.Popen(cmd, env=job_env() | (env or {}), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     finally:
         log.close()
 

@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory-redundancy", choices=config.MEMORY_REDUNDANCY_SCHEMES,
                         default=env(config.ENV_MEMORY_REDUNDANCY, config.DEFAULT_MEMORY_REDUNDANCY),
                         help="multi-node jobs: how the memory tier survives a lost host: replicate = a copy of every "
-                             "snapshot in the memory of the next node (twice the memory), xor = one XOR parity per "
+                             f"snapshot in the memory of the next node ({config.ENV_MEMORY_COPIES} copies on the next "
+                             "nodes, default 1), xor = one XOR parity per "
                              f"group of nodes ({config.ENV_MEMORY_GROUP} nodes, default all but one, at most 8), "
                              "kept on a node outside the group, rebuilt from the others at a restart; rs = "
                              f"{config.ENV_MEMORY_PARITIES} (default 2) Reed-Solomon parities per group, each on "
@@ -214,7 +215,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
     if args.memory_redundancy not in config.MEMORY_REDUNDANCY_SCHEMES:
         raise UsageError(f"{config.ENV_MEMORY_REDUNDANCY} must be one of {', '.join(config.MEMORY_REDUNDANCY_SCHEMES)} "
                          f"(got {args.memory_redundancy!r})")
-    for name, what in ((config.ENV_MEMORY_GROUP, "a number of nodes"), (config.ENV_MEMORY_PARITIES, "a number")):
+    for name, what in ((config.ENV_MEMORY_GROUP, "a number of nodes"), (config.ENV_MEMORY_PARITIES, "a number"),
+                       (config.ENV_MEMORY_COPIES, "a number")):
         value = os.environ.get(name, "")
         if value and not (value.isdigit() and int(value) >= 1):
             raise UsageError(f"{name} must be {what}, 1 or more (got {value!r})")

@@ -7,12 +7,12 @@ the replacement host's ranks could not see the survivors' shared memory
 anyway.  So each snapshot also leaves its host, by one of two schemes
 (``JITCKPT_MEMORY_REDUNDANCY``):
 
-- ``replicate``: a copy kept by a rank of another host (Deadpool's ring
-  replication with one copy, placed as Gemini places its checkpoints):
-  rank ``r``'s copies go to the same local rank on the next node
-  (``r + LOCAL_WORLD_SIZE`` modulo the world size, torchrun's
-  node-contiguous ranks).  One lost host never takes a shard with its copy;
-  two neighbouring hosts of the ring can.
+- ``replicate``: copies kept by ranks of other hosts (Deadpool's ring
+  replication, placed as Gemini places its checkpoints): rank ``r``'s
+  ``c`` copies (``JITCKPT_MEMORY_COPIES``, default 1) go to the same local
+  rank on the next ``c`` nodes (``r + j LOCAL_WORLD_SIZE`` modulo the world
+  size, torchrun's node-contiguous ranks).  Any ``c`` lost hosts never take
+  a shard with all its copies; ``c + 1`` neighbouring hosts of the ring can.
 - ``xor``: one XOR parity per group (REFT's scheme, across hosts): runs of
   ``G`` consecutive nodes, the ranks of one local rank on a run forming a
   group (``parity_group``), whose parity the same local rank on the node after
@@ -52,7 +52,7 @@ i-1 are complete).
 
 Hand-over.  At a JIT event every surviving rank copies what a lost host's
 ranks need from its host's memory to the shared file system: with
-``replicate``, the copies it keeps of its predecessor and its own snapshots
+``replicate``, the copies it keeps of its predecessors and its own snapshots
 of the newest two minibatches (not the one its JIT save just wrote), into
 ``<checkpoint root>/.jitckpt/from-peer-memory``
 (``jitckpt.store.memory.peer_copies``), a tier every rank's selection
@@ -118,14 +118,14 @@ def is_multi_node(rt: "JitRuntime") -> bool:
     return rt.world_size > rt.local_world_size
 
 
-def successor_of(rank: int, world_size: int, local_world_size: int) -> int:
-    """The rank that keeps ``rank``'s copies: the same local rank on the next node (torchrun's rank order)."""
-    return (rank + local_world_size) % world_size
+def successor_of(rank: int, world_size: int, local_world_size: int, hops: int = 1) -> int:
+    """A rank that keeps ``rank``'s copies: the same local rank ``hops`` nodes on (torchrun's rank order)."""
+    return (rank + hops * local_world_size) % world_size
 
 
-def predecessor_of(rank: int, world_size: int, local_world_size: int) -> int:
-    """The rank whose copies ``rank`` keeps."""
-    return (rank - local_world_size) % world_size
+def predecessor_of(rank: int, world_size: int, local_world_size: int, hops: int = 1) -> int:
+    """A rank whose copies ``rank`` keeps: the same local rank ``hops`` nodes back."""
+    return (rank - hops * local_world_size) % world_size
 
 
 def parity_group(rank: int, world_size: int, local_world_size: int, group_size: int,
@@ -153,7 +153,8 @@ class PeerCopies:
     """This rank's side of the copies across hosts (see the module docstring)."""
 
     def __init__(self, memory: MemoryStore, rank: int, world_size: int, local_world_size: int, node: int,
-                 timeout: float, scheme: str = "replicate", group_size: int = 0, parities: int = 0) -> None:
+                 timeout: float, scheme: str = "replicate", group_size: int = 0, parities: int = 0,
+                 copies: int = 1) -> None:
         if scheme not in SCHEMES:
             raise PeerError(f"no redundancy scheme {scheme!r} (one of {', '.join(SCHEMES)})")
         self.memory = memory
@@ -161,7 +162,6 @@ class PeerCopies:
         self.rank = rank
         self.node = node
         self.scheme = scheme
-        self.predecessor = predecessor_of(rank, world_size, local_world_size)
         self.parities = 0
         # The ranks whose snapshots this rank keeps (a copy, or in a parity): copies of any other are refused.
         self._holds: dict[int, tuple[list[int], int]] = {}  # group -> (its members, the parity row kept here)
@@ -182,12 +182,17 @@ class PeerCopies:
                     self._holds[group] = (members, holders.index(rank))
             self.keeps_for = {m for members, _ in self._holds.values() for m in members}
         else:
+            nodes = world_size // max(local_world_size, 1)
+            if not 1 <= copies < nodes:
+                raise PeerError(f"{copies} cop{'y' if copies == 1 else 'ies'} of each snapshot on other hosts need "
+                                f"{copies + 1} nodes or more (the job has {nodes})")
             self.group, self.members = None, [rank]
-            self.successors = [successor_of(rank, world_size, local_world_size)]
-            self.keeps_for = {self.predecessor}
+            self.successors = [successor_of(rank, world_size, local_world_size, j) for j in range(1, copies + 1)]
+            self.keeps_for = {predecessor_of(rank, world_size, local_world_size, j) for j in range(1, copies + 1)}
         self._accumulating: dict[tuple[int, int], dict] = {}  # (step, group) -> the parity so far (receiving)
         self._folding = threading.Lock()  # (each sender has its own receiving thread; one parity, one writer)
         self._frozen = False  # a JIT event: what this host keeps is handed over as it is, nothing more comes in
+        self._born = time.time()  # (a handed-over entry older than this worker is an earlier attempt's)
         self.timeout = timeout
         self.token = secrets.token_hex(16)
         self._listener: socket.socket | None = None
@@ -415,27 +420,29 @@ class PeerCopies:
 
     def hand_over(self, checkpoint_root: Path, saved_step: int | None) -> list[str]:
         """Copy into the shared ``peer_copies`` tier what another host's lost rank needs: ``replicate``: the
-        predecessor's copies held here and this rank's own snapshots (but the minibatch its JIT save wrote);
+        predecessors' copies held here and this rank's own snapshots (but the minibatch its JIT save wrote);
         ``xor``, ``rs``: the parities kept here and every own snapshot (the others' rebuild reads them).  Returns
         what was copied (``step-N/rank-R``, ``step-N/group-G``)."""
         self._frozen = True  # (no copy arriving now prunes what is being handed over)
         target = peer_copies(checkpoint_root).root
         handed, failed = [], []
-        ranks = (self.predecessor, self.rank) if self.scheme == "replicate" else (self.rank,)
+        ranks = (*sorted(self.keeps_for), self.rank) if self.scheme == "replicate" else (self.rank,)
         for rank in ranks:
             name = rank_dir_name(rank)
             current = [step for step in self.memory.list_steps() if (step_dir(self.memory.root, step) / name).is_dir()
                        and not (self.scheme == "replicate" and rank == self.rank and step == saved_step)
                        and (rank == self.rank or (rank, step) in self._received)]  # (not an earlier worker's)
-            # What an earlier attempt handed over for this rank goes first: another timeline's, or stale.
+            # What an earlier attempt handed over for this rank goes first: another timeline's, or stale.  What
+            # another survivor handed over at this event (with copies > 1, it keeps the same rank's) stays.
             for step in (DiskStore(target).list_steps() if target.is_dir() else []):
-                if step not in current:
+                if step not in current and not self._handed_now(step_dir(target, step) / name):
                     shutil.rmtree(step_dir(target, step) / name, ignore_errors=True)
             for step in current:
                 source = step_dir(self.memory.root, step) / name
                 try:
                     make_private_dir(target, parents=True)
-                    install_rank_copy(target, step, name, lambda partial: copy_private(source, partial), replace=True)
+                    install_rank_copy(target, step, name, lambda partial: copy_private(source, partial),
+                                      replace=not self._handed_now(step_dir(target, step) / name))
                     handed.append(f"{step_dir(target, step).name}/{name}")
                 except (OSError, shutil.Error) as exc:
                     failed.append(f"{step_dir(target, step).name}/{name}: {exc}")
@@ -454,6 +461,13 @@ class PeerCopies:
         if failed:
             raise HandOverError(handed, failed)
         return handed
+
+    def _handed_now(self, entry: Path) -> bool:
+        """Whether ``entry`` was handed over at this JIT event (by this rank or another survivor)."""
+        try:
+            return entry.stat().st_mtime >= self._born
+        except OSError:
+            return False
 
     def close(self) -> None:
         self._close()

@@ -173,9 +173,10 @@ class MemorySnapshots:
         scheme = os.environ.get(config.ENV_MEMORY_REDUNDANCY, config.DEFAULT_MEMORY_REDUNDANCY)
         group = int(os.environ.get(config.ENV_MEMORY_GROUP) or 0)
         parities = int(os.environ.get(config.ENV_MEMORY_PARITIES) or 0)
+        copies = int(os.environ.get(config.ENV_MEMORY_COPIES) or 1)
         try:
             peers = PeerCopies(self.store, rt.rank, rt.world_size, rt.local_world_size, node, timeout, scheme, group,
-                               parities)
+                               parities, copies)
         except PeerError as exc:
             log(f"memory tier off for rank {rt.rank}: {exc}")
             return f"the redundancy across hosts cannot be set up ({exc})"
@@ -213,7 +214,9 @@ class MemorySnapshots:
             return (f", each group of {len(self.peers.members)} host(s) with {self.peers.parities} Reed-Solomon "
                     f"parities on other hosts (ranks {', '.join(map(str, self.peers.successors))} keep rank "
                     f"{self.peers.rank}'s group's; any {self.peers.parities} lost hosts are rebuilt)")
-        return ", each with a copy on a rank of another host"
+        if len(self.peers.successors) == 1:
+            return ", each with a copy on a rank of another host"
+        return f", each with {len(self.peers.successors)} copies on ranks of the next hosts"
 
     def rebuild(self, rt: "JitRuntime") -> None:
         """Before a selection: rebuild, from the XOR parities handed over, any lost snapshot of a group whose
