@@ -184,17 +184,19 @@ def test_xor_lost_host_is_rebuilt_from_the_parity_on_a_third_host_bit_exact(tmp_
 
 
 @pytest.mark.slow
-def test_rs_two_hosts_lost_together_are_rebuilt_from_two_parities_bit_exact(tmp_path):
+@pytest.mark.parametrize("where", [("backward", "backward"), ("collective", "forward")],
+                         ids=["both-in-backward", "in-reduce-scatter-and-in-forward"])
+def test_rs_two_hosts_lost_together_are_rebuilt_from_two_parities_bit_exact(tmp_path, where):
     """``--memory-redundancy rs`` (2 data + 2 parities), four hosts of one FSDP2 rank each: ranks 2 and 3 form a
-    group whose two Reed-Solomon parities ranks 0 and 1 keep.  Both freeze in their backward of minibatch 5 and
-    both their hosts are lost at once; their snapshots are rebuilt from the two parities alone, and the job
-    ends bit-exact, one minibatch redone."""
+    group whose two Reed-Solomon parities ranks 0 and 1 keep.  Both freeze in minibatch 5 (in the backward, or
+    one in FSDP2's gradient reduce-scatter and the other in its forward) and both their hosts are lost at once;
+    their snapshots are rebuilt from the two parities alone, and the job ends bit-exact, one minibatch redone."""
     from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
 
     expected = fault_free("fsdp", 4)
     base = ["--mode", "fsdp", "--steps", str(STEPS)]
     rs = ["--memory-redundancy", "rs"]
-    dies = ["--die", "2:5:backward:hang", "--die", "3:5:backward:hang"]
+    dies = ["--die", f"2:5:{where[0]}:hang", "--die", f"3:5:{where[1]}:hang"]
     port = _free_port()
     hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
                                    nnodes=4, jit_options=rs)}
@@ -207,8 +209,8 @@ def test_rs_two_hosts_lost_together_are_rebuilt_from_two_parities_bit_exact(tmp_
     hung: dict[int, str] = {}
     while len(hung) < 2:
         for name in candidates:
-            for rank in (2, 3):
-                if f"rank {rank}: hang myself in the backward of minibatch 5" in (tmp_path / f"{name}.log").read_text(errors="replace"):
+            for rank, at in zip((2, 3), where):
+                if f"rank {rank}: hang myself in the {at} of minibatch 5" in (tmp_path / f"{name}.log").read_text(errors="replace"):
                     hung[rank] = name
         assert time.monotonic() < deadline and all(hosts[n].poll() is None for n in candidates), \
             "\n".join((tmp_path / f"{n}.log").read_text()[-2000:] for n in candidates)

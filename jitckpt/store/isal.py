@@ -114,7 +114,9 @@ def update(parity: np.ndarray, blob: bytes | memoryview | np.ndarray, k: int, m:
         raise ValueError(f"blob {index} of {k}, parity {row} of {m}")
     data = np.frombuffer(blob, np.uint8) if not isinstance(blob, np.ndarray) else blob
     if len(data) > len(parity):
-        parity = np.concatenate([parity, np.zeros(len(data) - len(parity), np.uint8)])
+        grown = np.zeros(len(data), np.uint8)
+        grown[:len(parity)] = parity
+        parity = grown
     tables = _tables(k, coding_matrix(k, m)[k + row:k + row + 1])
     lib = library()
     for start in range(0, len(data), _MAX_CALL):

@@ -111,7 +111,9 @@ def xor_into(parity: np.ndarray, blob: bytes | memoryview) -> np.ndarray:
     """``parity`` XOR ``blob`` (zero-padded to the longer of the two); returns the (possibly grown) parity."""
     data = np.frombuffer(blob, np.uint8)
     if len(data) > len(parity):
-        parity = np.concatenate([parity, np.zeros(len(data) - len(parity), np.uint8)])
+        grown = np.zeros(len(data), np.uint8)
+        grown[:len(parity)] = parity
+        parity = grown
     np.bitwise_xor(parity[:len(data)], data, out=parity[:len(data)])
     return parity
 

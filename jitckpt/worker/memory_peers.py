@@ -388,14 +388,15 @@ class PeerCopies:
         """``xor``, ``rs``: fold one member's snapshot into the parity of its group kept here; the parity is
         published once every member's snapshot of the step is in.  The group, its members and the row come
         from this rank's own view of the layout, never from the message."""
-        blob = bytearray(blob_header([("/".join(parts), size) for parts, size in files]))
-        for _, size in files:
-            blob += _read_exact(conn, size)
+        header = blob_header([("/".join(parts), size) for parts, size in files])
+        blob = bytearray(len(header) + sum(size for _, size in files))  # (filled in place: no copy of a copy)
+        blob[:len(header)] = header
+        _fill(conn, memoryview(blob)[len(header):])
         group, (members, row) = next((g, held) for g, held in self._holds.items() if rank in held[0])
         with self._folding:
-            return self._fold(bytes(blob), rank, step, group, members, row)
+            return self._fold(blob, rank, step, group, members, row)
 
-    def _fold(self, blob: bytes, rank: int, step: int, group: int, members: list[int], row: int) -> str:
+    def _fold(self, blob: bytearray, rank: int, step: int, group: int, members: list[int], row: int) -> str:
         key = (step, group)
         for old in [k for k in self._accumulating if k[0] < step - 1 or (k[0] > step and rank not in self._seen)]:
             del self._accumulating[old]  # (older steps: never completed; later ones: a timeline cut short)
@@ -513,6 +514,16 @@ def _drain(conn: socket.socket, size: int) -> None:
         if n == 0:
             raise ValueError(f"the stream ended {size} bytes short")
         size -= n
+
+
+def _fill(conn: socket.socket, view: memoryview) -> None:
+    """The next ``len(view)`` bytes of ``conn``, into ``view``."""
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:], min(len(view) - got, _CHUNK))
+        if n == 0:
+            raise ValueError(f"the stream ended after {got} of {len(view)} bytes")
+        got += n
 
 
 def _read_exact(conn: socket.socket, size: int, allow_eof: bool = False) -> bytes | None:
