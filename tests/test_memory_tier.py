@@ -184,12 +184,13 @@ def test_xor_lost_host_is_rebuilt_from_the_parity_on_a_third_host_bit_exact(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", [("backward", "backward"), ("collective", "forward")],
-                         ids=["both-in-backward", "in-reduce-scatter-and-in-forward"])
+@pytest.mark.parametrize("where", [("backward", "backward"), ("collective", "collective")],
+                         ids=["both-in-backward", "both-in-reduce-scatter"])
 def test_rs_two_hosts_lost_together_are_rebuilt_from_two_parities_bit_exact(tmp_path, where):
     """``--memory-redundancy rs`` (2 data + 2 parities), four hosts of one FSDP2 rank each: ranks 2 and 3 form a
     group whose two Reed-Solomon parities ranks 0 and 1 keep.  Both freeze in minibatch 5 (in the backward, or
-    one in FSDP2's gradient reduce-scatter and the other in its forward) and both their hosts are lost at once;
+    in FSDP2's gradient reduce-scatter: two frozen ranks stop in the same phase, the first holds the other's
+    collectives) and both their hosts are lost at once;
     their snapshots are rebuilt from the two parities alone, and the job ends bit-exact, one minibatch redone."""
     from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
 
