@@ -429,8 +429,15 @@ def test_rs_copies_over_the_wire_rebuild_two_lost_hosts_and_refuse_three(tmp_pat
             assert held == [f"step-00000006/group-0.row-{row}.json"], held
             assert peers[holder].memory.list_steps() == []  # no copies: a parity only
         root = tmp_path / "ckpt"
+        # An earlier worker of rank 2 left a parity of minibatch 9 in its host's memory (a timeline a failure
+        # cut short), and an earlier attempt handed one over for minibatch 3: neither is handed over now.
+        shutil.copytree(peers[2].parity_root / "step-00000006", peers[2].parity_root / "step-00000009")
+        shutil.copytree(peers[2].parity_root / "step-00000006", parity_area(root) / "step-00000003")
         for holder in (2, 3):
-            peers[holder].hand_over(root, saved_step=6)
+            handed = peers[holder].hand_over(root, saved_step=6)
+            assert handed == [f"step-00000006/group-0.row-{holder - 2}"], handed
+        assert not (parity_area(root) / "step-00000009").exists()
+        assert not list((parity_area(root) / "step-00000003").iterdir())
         done, failed = rebuild(parity_area(root), peer_copies(root).root)
         assert sorted(done) == ["step-00000006/rank-00000 from Reed-Solomon parities",
                                 "step-00000006/rank-00001 from Reed-Solomon parities"] and not failed, (done, failed)
@@ -456,3 +463,40 @@ def test_rs_copies_over_the_wire_rebuild_two_lost_hosts_and_refuse_three(tmp_pat
 
 def rank_name(rank: int) -> str:
     return f"rank-{rank:05d}"
+
+
+def test_rs_rebuild_never_mixes_parities_of_another_timeline_and_survives_a_bad_row(tmp_path):
+    """A parity row left by a timeline a failure cut short (other digests) beside this timeline's: the rebuild
+    uses the rows that agree with the members at hand, never a mix; an unreadable or out-of-range row is
+    named and the others still rebuild."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    from jitckpt.store import isal
+    from jitckpt.store.parity import blob_of, digest, rebuild, write_parity
+
+    memory = MemoryStore(tmp_path / "host")
+    snaps = {rank: _snapshot(memory, rank, 8, bytes([rank + 3]) * (5000 + 700 * rank)) for rank in (0, 1)}
+    blobs = {rank: blob_of(s) for rank, s in snaps.items()}
+    members = {rank: (len(b), digest(b)) for rank, b in blobs.items()}
+    root = tmp_path / "parity"
+    for row in (0, 1):
+        parity = np.zeros(0, np.uint8)
+        for index, rank in enumerate((0, 1)):
+            parity = isal.update(parity, blobs[rank], 2, 2, row, index)
+        write_parity(root, 8, 0, parity, members, {"k": 2, "m": 2, "row": row, "index": {0: 0, 1: 1}})
+    # row 1 as another timeline left it: rank 1's blob had another digest there
+    stale = json.loads((root / "step-00000008" / "group-0.row-1.json").read_text())
+    stale["members"]["1"]["blake2b"] = "0" * 32
+    (root / "step-00000008" / "group-0.row-1.json").write_text(json.dumps(stale))
+    (root / "step-00000008" / "group-0.row-7.json").write_text(json.dumps(stale | {"row": 7}))  # (row >= m)
+    (root / "step-00000008" / "group-0.row-7.parity").write_bytes(b"\0" * 10)
+    copies = tmp_path / "copies"
+    (copies / "step-00000008").mkdir(parents=True)
+    shutil.copytree(snaps[1], copies / "step-00000008" / "rank-00001")  # rank 0 lost, rank 1 at hand
+    done, failed = rebuild(root, copies)
+    assert done == ["step-00000008/rank-00000 from Reed-Solomon parities"], (done, failed)
+    assert len(failed) == 1 and "group-0.row-7.json: unreadable" in failed[0], failed
+    assert blob_of(copies / "step-00000008" / "rank-00000") == blobs[0]

@@ -73,7 +73,17 @@ def library() -> ctypes.CDLL:
         except AttributeError as exc:
             tried.append(f"{name}: {exc}")
             continue
+        ints, pointers = ctypes.c_int, ctypes.POINTER(_BYTES)
+        lib.gf_gen_cauchy1_matrix.argtypes = [_BYTES, ints, ints]
+        lib.gf_gen_cauchy1_matrix.restype = None
+        lib.gf_invert_matrix.argtypes = [_BYTES, _BYTES, ints]
         lib.gf_invert_matrix.restype = ctypes.c_int
+        lib.ec_init_tables.argtypes = [ints, ints, _BYTES, _BYTES]
+        lib.ec_init_tables.restype = None
+        lib.ec_encode_data.argtypes = [ints, ints, ints, _BYTES, pointers, pointers]
+        lib.ec_encode_data.restype = None
+        lib.ec_encode_data_update.argtypes = [ints, ints, ints, ints, _BYTES, _BYTES, pointers]
+        lib.ec_encode_data_update.restype = None
         return lib
     raise IsalUnavailable("the rs scheme needs Intel's ISA-L erasure-code library, not found "
                           f"({'; '.join(tried) or 'nothing to try'}): pip install 'jitckpt[rs]' (pyeclib's wheels "
@@ -128,6 +138,7 @@ def update(parity: np.ndarray, blob: bytes | memoryview | np.ndarray, k: int, m:
 
 def encode(blobs: list[np.ndarray], m: int) -> list[np.ndarray]:
     """All ``m`` parities of ``k`` equal-length blobs at once (for tests and benchmarks; holders use update)."""
+    blobs = [np.ascontiguousarray(b, np.uint8) for b in blobs]
     k, size = len(blobs), len(blobs[0])
     parities = [np.zeros(size, np.uint8) for _ in range(m)]
     tables = _tables(k, coding_matrix(k, m)[k:])

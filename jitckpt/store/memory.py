@@ -131,7 +131,7 @@ def peer_copies(checkpoint_root: str | os.PathLike) -> DiskStore:
 
 
 def parity_area(checkpoint_root: str | os.PathLike) -> Path:
-    """Where the XOR parities kept in hosts' memory are handed over at a JIT event (``jitckpt.store.parity``)."""
+    """Where the parities (XOR, Reed-Solomon) kept in hosts' memory are handed over at a JIT event (``jitckpt.store.parity``)."""
     return Path(checkpoint_root) / ".jitckpt" / f"{PEER_COPIES}-parity"
 
 

@@ -119,9 +119,9 @@ def xor_into(parity: np.ndarray, blob: bytes | memoryview) -> np.ndarray:
 
 
 def write_parity(root: Path, step: int, group: int, parity: np.ndarray, members: dict[int, tuple[int, str]],
-                 code: dict | None = None) -> None:
+                 code: dict | None = None) -> str:
     """Publish the parity of ``group`` for ``step`` under ``root`` (the parity file first, its JSON last);
-    ``code``: for ``rs``, ``{"code": "rs", "k", "m", "row", "index": {rank: index}}``."""
+    ``code``: for ``rs``, ``{"k", "m", "row", "index": {rank: index}}``.  Returns its name (``group-G[.row-J]``)."""
     here = step_dir(root, step)
     make_private_dir(here, parents=True)
     name = f"group-{group}" + (f".row-{code['row']}" if code else "")
@@ -138,6 +138,7 @@ def write_parity(root: Path, step: int, group: int, parity: np.ndarray, members:
             entry["index"] = code["index"][int(rank)]
     write_private_file(here / f".{name}.json.partial-{os.getpid()}", json.dumps(meta).encode())
     os.replace(here / f".{name}.json.partial-{os.getpid()}", here / f"{name}.json")
+    return name
 
 
 def parities(root: Path) -> list[tuple[int, int, Path]]:
@@ -174,25 +175,39 @@ def rebuild(parity_root: Path, copies_root: Path) -> tuple[list[str], list[str]]
     for step, group, meta_path in parities(parity_root):
         groups.setdefault((step, group), []).append(meta_path)
     for (step, group), metas in sorted(groups.items(), key=lambda g: (-g[0][0], g[0][1])):
-        try:
-            rows = [_read_meta(path) for path in metas]
-        except ParityError as exc:
-            failed.append(str(exc))
+        rows = []
+        for path in metas:
+            try:
+                rows.append(_read_meta(path))
+            except ParityError as exc:  # (the group's other parities may still do)
+                failed.append(str(exc))
+        if not rows:
             continue
-        members = rows[0]["members"]
         here = step_dir(copies_root, step)
-        missing = sorted(rank for rank in members if not (here / rank_dir_name(rank)).is_dir())
+        # Rows that agree on the code and on every member's blob: one set per timeline that left parities here
+        # (a stale one from a cut-short timeline never mixes with this one's); the most rows first.
+        sets: dict[str, list[dict]] = {}
+        for row in rows:
+            key = json.dumps([row.get("code", "xor"), row.get("k"), row.get("m"), sorted(row["members"].items())])
+            sets.setdefault(key, []).append(row)
+        candidates = sorted(sets.values(), key=len, reverse=True)
+        missing = sorted(rank for rank in candidates[0][0]["members"] if not (here / rank_dir_name(rank)).is_dir())
         if not missing:
             continue
-        try:
-            blobs = _rebuild_group(rows, here, missing)
-        except ParityError as exc:
-            failed.append(f"minibatch {step}: {exc}")
+        blobs, errors = None, []
+        for candidate in candidates:
+            try:
+                blobs = _rebuild_group(candidate, here, missing)
+                break
+            except ParityError as exc:
+                errors.append(str(exc))
+        if blobs is None:
+            failed.append(f"minibatch {step}: {errors[0]}")
             continue
         for rank, blob in blobs.items():
             try:
                 if install_rank_copy(copies_root, step, rank_dir_name(rank), lambda partial: unpack_blob(blob, partial)):
-                    code = "XOR parity" if rows[0].get("code", "xor") == "xor" else "Reed-Solomon parities"
+                    code = "XOR parity" if candidate[0].get("code", "xor") == "xor" else "Reed-Solomon parities"
                     rebuilt.append(f"{step_dir(copies_root, step).name}/{rank_dir_name(rank)} from {code}")
             except (OSError, ParityError) as exc:
                 failed.append(f"minibatch {step}: rank {rank}'s snapshot cannot be rebuilt ({exc})")
@@ -218,10 +233,11 @@ def _read_meta(path: Path) -> dict:
 
 
 def _rebuild_group(rows: list[dict], here: Path, missing: list[int]) -> dict[int, bytes]:
-    """The blobs of the ``missing`` members of one group, from its parities ``rows`` and the others in
-    ``here``, each checked against its digest; raises ParityError."""
+    """The blobs of the ``missing`` members of one group, from its parities ``rows`` (one code, one set of
+    members) and the others in ``here``, each checked against its digest; raises ParityError."""
     members = rows[0]["members"]
-    rows = [r for r in rows if r["members"] == members and r.get("code", "xor") == rows[0].get("code", "xor")]
+    if set(missing) - set(members):
+        raise ParityError("parities of another set of members")
     lost_names = ", ".join(map(str, missing))
     if rows[0].get("code", "xor") == "xor" and len(missing) > 1:
         raise ParityError(f"ranks {lost_names} of one XOR group are all lost (a group's parity rebuilds one)")
@@ -229,14 +245,14 @@ def _rebuild_group(rows: list[dict], here: Path, missing: list[int]) -> dict[int
         raise ParityError(f"ranks {lost_names} of one Reed-Solomon group are lost and {len(rows)} of its parities "
                           f"survive (each rebuilds one)")
     present: dict[int, np.ndarray] = {}
-    for rank in members:
-        if rank in missing:
-            continue
-        blob = blob_of(here / rank_dir_name(rank))
-        if digest(blob) != members[rank][1]:
-            raise ParityError(f"rank {rank}'s snapshot there is not the one the parity was made of")
-        present[rank] = np.frombuffer(blob, np.uint8)
     try:
+        for rank in members:
+            if rank in missing:
+                continue
+            blob = blob_of(here / rank_dir_name(rank))
+            if digest(blob) != members[rank][1]:
+                raise ParityError(f"rank {rank}'s snapshot there is not the one the parity was made of")
+            present[rank] = np.frombuffer(blob, np.uint8)
         if rows[0].get("code", "xor") == "xor":
             parity = np.fromfile(rows[0]["path"].with_suffix(".parity"), np.uint8).copy()
             for data in present.values():
@@ -257,7 +273,7 @@ def _rebuild_group(rows: list[dict], here: Path, missing: list[int]) -> dict[int
                 sources[k + r["row"]] = _padded(np.fromfile(r["path"].with_suffix(".parity"), np.uint8), size)
             decoded = isal.decode(k, m, sources, [index[rank] for rank in missing])
             found = {rank: decoded[index[rank]] for rank in missing}
-    except (OSError, ValueError, ImportError) as exc:
+    except (OSError, ValueError, IndexError, ImportError) as exc:
         raise ParityError(f"ranks {lost_names} cannot be rebuilt ({exc})") from None
     blobs = {}
     for rank, data in found.items():

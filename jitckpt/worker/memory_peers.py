@@ -56,12 +56,16 @@ ranks need from its host's memory to the shared file system: with
 of the newest two minibatches (not the one its JIT save just wrote), into
 ``<checkpoint root>/.jitckpt/from-peer-memory``
 (``jitckpt.store.memory.peer_copies``), a tier every rank's selection
-reads; with ``xor``, the parities it keeps (``parity_area``) and all its own
-snapshots, from which every restarted rank rebuilds, before it selects, the
-one lost member of a group (``MemorySnapshots.rebuild``).  A replacement
-host's ranks then find their shards at the step the others resume from, and
-the step agreement settles any difference between hosts' views.  It costs
-up to four shard writes per surviving rank, at a failure only.
+reads; with ``xor`` and ``rs``, the parities this worker published
+(``parity_area``; never an earlier worker's, and what an earlier attempt
+handed over under their names goes first) and all its own snapshots, from
+which every restarted rank rebuilds, before it selects, the lost members of
+a group (``MemorySnapshots.rebuild``).  The JIT event first freezes what the
+host keeps: a copy that arrives later is refused, and the hand-over waits
+for the ones being committed.  A replacement host's ranks then find their
+shards at the step the others resume from, and the step agreement settles
+any difference between hosts' views.  It costs up to four shard writes per
+surviving rank, at a failure only.
 """
 
 from __future__ import annotations
@@ -99,6 +103,13 @@ PARITY_SUBDIR = "parity"  # beside the memory tier's snapshots: the parities thi
 _LENGTH = struct.Struct("!Q")
 _MAX_HEADER = 1 << 22  # bytes of JSON: a file list, never more
 _CHUNK = 1 << 20
+
+
+_FROZEN = "refused: a JIT event is under way here"
+
+
+class _Frozen(Exception):
+    """A copy received after a JIT event froze this host's memory tier: not committed."""
 
 
 class PeerError(Exception):
@@ -191,7 +202,12 @@ class PeerCopies:
             self.keeps_for = {predecessor_of(rank, world_size, local_world_size, j) for j in range(1, copies + 1)}
         self._accumulating: dict[tuple[int, int], dict] = {}  # (step, group) -> the parity so far (receiving)
         self._folding = threading.Lock()  # (each sender has its own receiving thread; one parity, one writer)
-        self._frozen = False  # a JIT event: what this host keeps is handed over as it is, nothing more comes in
+        # A JIT event freezes what this host keeps: no copy is committed after it, and the hand-over waits for
+        # the commits (renames, folds, prunes; never a transfer) under way when it came.
+        self._state = threading.Condition()
+        self._frozen = False
+        self._committing = 0
+        self._parities_written: set[tuple[int, str]] = set()  # (step, parity name) this process published
         self._born = time.time()  # (a handed-over entry older than this worker is an earlier attempt's)
         self.timeout = timeout
         self.token = secrets.token_hex(16)
@@ -362,9 +378,13 @@ class PeerCopies:
             return f"refused: rank {rank!r}, step {step!r} (this rank keeps copies of rank(s) {sorted(self.keeps_for)})", True
         if self._frozen:
             _drain(conn, total)
-            return "refused: a JIT event is under way here", True
+            return _FROZEN, True
+        if self.scheme in ("xor", "rs"):
+            return self._accumulate(conn, rank, step, files), True
+        committing = False
 
         def fill(partial: Path) -> None:  # straight from the socket into the files: no copy held in memory
+            nonlocal committing
             make_private_dir(partial)
             for parts, size in files:
                 if len(parts) > 1:
@@ -374,15 +394,41 @@ class PeerCopies:
                     _receive_into(conn, fd, size)
                 finally:
                     os.close(fd)
+            committing = self._begin_commit()
+            if not committing:
+                raise _Frozen
 
-        if self.scheme in ("xor", "rs"):
-            return self._accumulate(conn, rank, step, files), True
-        self.memory.prune_rank(rank, step, drop_later=rank not in self._seen)
-        self._seen.add(rank)
-        # (replacing a copy of that step an earlier worker received: this timeline's is the one to keep)
-        install_rank_copy(self.memory.root, step, rank_dir_name(rank), fill, replace=True)
-        self._received.add((rank, step))
+        try:
+            # (replacing a copy of that step an earlier worker received: this timeline's is the one to keep)
+            install_rank_copy(self.memory.root, step, rank_dir_name(rank), fill, replace=True)
+            self.memory.prune_rank(rank, step, drop_later=rank not in self._seen)
+            self._seen.add(rank)
+            self._received.add((rank, step))
+        except _Frozen:
+            return _FROZEN, True
+        finally:
+            if committing:
+                self._end_commit()
         return "ok", True
+
+    def _begin_commit(self) -> bool:
+        """A received copy is about to change what this host keeps: False if a JIT event froze it."""
+        with self._state:
+            if self._frozen:
+                return False
+            self._committing += 1
+            return True
+
+    def _end_commit(self) -> None:
+        with self._state:
+            self._committing -= 1
+            self._state.notify_all()
+
+    def _freeze(self) -> None:
+        """No copy is committed from now on; wait (a little) for those being committed."""
+        with self._state:
+            self._frozen = True
+            self._state.wait_for(lambda: self._committing == 0, timeout=max(self.timeout, 1.0))
 
     def _accumulate(self, conn: socket.socket, rank: int, step: int, files: list[tuple[list[str], int]]) -> str:
         """``xor``, ``rs``: fold one member's snapshot into the parity of its group kept here; the parity is
@@ -393,10 +439,17 @@ class PeerCopies:
         blob[:len(header)] = header
         _fill(conn, memoryview(blob)[len(header):])
         group, (members, row) = next((g, held) for g, held in self._holds.items() if rank in held[0])
-        with self._folding:
-            return self._fold(blob, rank, step, group, members, row)
+        blob_digest = digest(blob)  # (outside the lock: the other senders' folds need not wait for it)
+        if not self._begin_commit():
+            return _FROZEN
+        try:
+            with self._folding:
+                return self._fold(blob, blob_digest, rank, step, group, members, row)
+        finally:
+            self._end_commit()
 
-    def _fold(self, blob: bytearray, rank: int, step: int, group: int, members: list[int], row: int) -> str:
+    def _fold(self, blob: bytearray, blob_digest: str, rank: int, step: int, group: int, members: list[int],
+              row: int) -> str:
         key = (step, group)
         for old in [k for k in self._accumulating if k[0] < step - 1 or (k[0] > step and rank not in self._seen)]:
             del self._accumulating[old]  # (older steps: never completed; later ones: a timeline cut short)
@@ -408,11 +461,12 @@ class PeerCopies:
             entry["parity"] = xor_into(entry["parity"], blob)
         else:
             entry["parity"] = isal.update(entry["parity"], blob, len(members), self.parities, row, members.index(rank))
-        entry["members"][rank] = (len(blob), digest(blob))
+        entry["members"][rank] = (len(blob), blob_digest)
         if set(entry["members"]) >= entry["of"]:
             code = None if self.scheme == "xor" else {"k": len(members), "m": self.parities, "row": row,
                                                       "index": {r: i for i, r in enumerate(members)}}
-            write_parity(self.parity_root, step, group, entry["parity"], entry["members"], code)
+            name = write_parity(self.parity_root, step, group, entry["parity"], entry["members"], code)
+            self._parities_written.add((step, name))
             del self._accumulating[key]
             prune_parities(self.parity_root, step - 1)
         return "ok"
@@ -424,7 +478,7 @@ class PeerCopies:
         predecessors' copies held here and this rank's own snapshots (but the minibatch its JIT save wrote);
         ``xor``, ``rs``: the parities kept here and every own snapshot (the others' rebuild reads them).  Returns
         what was copied (``step-N/rank-R``, ``step-N/group-G``)."""
-        self._frozen = True  # (no copy arriving now prunes what is being handed over)
+        self._freeze()  # (no copy arriving now prunes or changes what is being handed over)
         target = peer_copies(checkpoint_root).root
         handed, failed = [], []
         ranks = (*sorted(self.keeps_for), self.rank) if self.scheme == "replicate" else (self.rank,)
@@ -448,7 +502,16 @@ class PeerCopies:
                 except (OSError, shutil.Error) as exc:
                     failed.append(f"{step_dir(target, step).name}/{name}: {exc}")
         shared = parity_area(checkpoint_root)
-        for step, group, meta in parities(self.parity_root):
+        mine = [(step, meta) for step, _, meta in parities(self.parity_root)
+                if (step, meta.stem) in self._parities_written]  # (not an earlier worker's: another timeline's)
+        # The parities an earlier attempt of this rank handed over go first (only this rank writes their names).
+        names = {f"group-{group}" + (f".row-{row}" if self.scheme == "rs" else "") for group, (_, row) in self._holds.items()}
+        for step in (DiskStore(shared).list_steps() if shared.is_dir() else []):
+            for name in names:
+                if (step, name) not in {(s, m.stem) for s, m in mine}:
+                    for suffix in (".json", ".parity"):  # (the JSON first: without it the parity is incomplete)
+                        (step_dir(shared, step) / f"{name}{suffix}").unlink(missing_ok=True)
+        for step, meta in mine:
             there = step_dir(shared, step)
             try:
                 make_private_dir(there, parents=True)

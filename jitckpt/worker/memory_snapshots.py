@@ -219,8 +219,8 @@ class MemorySnapshots:
         return f", each with {len(self.peers.successors)} copies on ranks of the next hosts"
 
     def rebuild(self, rt: "JitRuntime") -> None:
-        """Before a selection: rebuild, from the XOR parities handed over, any lost snapshot of a group whose
-        other members are at hand (``jitckpt.store.parity``); says what it did and could not do."""
+        """Before a selection: rebuild, from the XOR or Reed-Solomon parities handed over, any lost snapshot
+        of a group whose parities and other members suffice (``jitckpt.store.parity``); says what it did and could not do."""
         from jitckpt.store.memory import parity_area
         from jitckpt.store.parity import rebuild
 

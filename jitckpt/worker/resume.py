@@ -46,7 +46,7 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
         check_private(rt.checkpoint_root)  # CheckpointError: the script stops before loading anything
     allow = os.environ.get(config.ENV_ALLOW_WORLD_SIZE_CHANGE) == "1"
     if rt.memory_tier is not None and not rt.located:
-        rt.memory_tier.rebuild(rt)  # (a lost host's snapshots from the XOR parities the survivors handed over)
+        rt.memory_tier.rebuild(rt)  # (a lost host's snapshots from the XOR or Reed-Solomon parities the survivors handed over)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointWarning)
         # every rank loads the same step: the ranks agree through the job's store (the first look only)
