@@ -239,11 +239,13 @@ def test_hand_over_puts_the_predecessors_copies_and_own_older_snapshots_where_ev
         # An earlier attempt's hand-over left rank 0's snapshot of minibatch 9 (another timeline): it goes.
         stale = peer_copies(root).root / "step-00000009" / "rank-00000"
         stale.mkdir(parents=True)
-        os.utime(stale, (time.time() - 600, time.time() - 600))  # (written before this worker started)
-        # Another survivor keeping copies of rank 0 too (JITCKPT_MEMORY_COPIES=2) handed over its 6 at this event:
-        # it stays.
+        (stale.parent / ".rank-00000.handed-over").write_text("round-0")  # (an earlier attempt's note)
+        # Another survivor keeping copies of rank 0 too (JITCKPT_MEMORY_COPIES=2) handed over its 6 in this
+        # attempt: it stays.
         other = peer_copies(root).root / "step-00000006" / "rank-00000"
         other.mkdir(parents=True)
+        (other.parent / ".rank-00000.handed-over").write_text(receiver.generation)
+        assert receiver.generation
         assert receiver.hand_over(root, saved_step=5) == handed  # again: each copy replaced, none left as it was
         assert not stale.exists() and other.exists()
     finally:

@@ -90,7 +90,7 @@ from jitckpt.store.memory import MemoryStore, copy_private, copy_private_file, i
 from jitckpt.store import isal
 from jitckpt.store.parity import blob_header, checked_files, digest, files_of, parities, write_parity, xor_into
 from jitckpt.store.parity import prune as prune_parities
-from jitckpt.store.private import make_private_dir, open_private_file
+from jitckpt.store.private import make_private_dir, open_private_file, write_private_file
 
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
@@ -208,7 +208,7 @@ class PeerCopies:
         self._frozen = False
         self._committing = 0
         self._parities_written: set[tuple[int, str]] = set()  # (step, parity name) this process published
-        self._born = time.time()  # (a handed-over entry older than this worker is an earlier attempt's)
+        self.generation = ""  # this attempt's, from the job store's prefix (``start``)
         self.timeout = timeout
         self.token = secrets.token_hex(16)
         self._listener: socket.socket | None = None
@@ -230,6 +230,7 @@ class PeerCopies:
     def start(self, store: Any, prefix: str) -> None:
         """Listen for the copies this rank keeps, publish where under ``prefix`` in the job's ``store``, and
         find the successors there (waiting at most ``timeout`` seconds for them); raises PeerError."""
+        self.generation = prefix.rsplit("/", 1)[-1]
         listener = socket.create_server(("0.0.0.0", 0))
         self._listener = listener
         entry = {"host": _my_address(), "port": listener.getsockname()[1], "node": self.node, "token": self.token}
@@ -490,14 +491,15 @@ class PeerCopies:
             # What an earlier attempt handed over for this rank goes first: another timeline's, or stale.  What
             # another survivor handed over at this event (with copies > 1, it keeps the same rank's) stays.
             for step in (DiskStore(target).list_steps() if target.is_dir() else []):
-                if step not in current and not self._handed_now(step_dir(target, step) / name):
+                if step not in current and not self._handed_now(target, step, name):
                     shutil.rmtree(step_dir(target, step) / name, ignore_errors=True)
             for step in current:
                 source = step_dir(self.memory.root, step) / name
                 try:
                     make_private_dir(target, parents=True)
                     install_rank_copy(target, step, name, lambda partial: copy_private(source, partial),
-                                      replace=not self._handed_now(step_dir(target, step) / name))
+                                      replace=not self._handed_now(target, step, name))
+                    write_private_file(step_dir(target, step) / f".{name}.handed-over", self.generation.encode())
                     handed.append(f"{step_dir(target, step).name}/{name}")
                 except (OSError, shutil.Error) as exc:
                     failed.append(f"{step_dir(target, step).name}/{name}: {exc}")
@@ -526,11 +528,12 @@ class PeerCopies:
             raise HandOverError(handed, failed)
         return handed
 
-    def _handed_now(self, entry: Path) -> bool:
-        """Whether ``entry`` was handed over at this JIT event (by this rank or another survivor)."""
+    def _handed_now(self, target: Path, step: int, name: str) -> bool:
+        """Whether rank directory ``name`` of ``step`` under ``target`` was handed over in this attempt (by this
+        rank or another survivor keeping the same rank's copies): its note names this attempt's generation."""
         try:
-            return entry.stat().st_mtime >= self._born
-        except OSError:
+            return bool(self.generation) and (step_dir(target, step) / f".{name}.handed-over").read_text() == self.generation
+        except (OSError, UnicodeDecodeError):
             return False
 
     def close(self) -> None:
