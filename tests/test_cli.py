@@ -75,11 +75,14 @@ def test_rs_without_isa_l_and_nonsense_group_sizes_are_refused_before_any_worker
     assert result.returncode == 2 and "--memory-redundancy rs" in result.stderr, result.stderr
     assert "ISA-L" in result.stderr and "pip install 'jitckpt[rs]'" in result.stderr, result.stderr
     assert "launching torchrun" not in result.stderr
-    for name, value in (("JITCKPT_MEMORY_GROUP", "0"), ("JITCKPT_MEMORY_PARITIES", "two")):
+    for name, value, said in (("JITCKPT_MEMORY_GROUP", "0", "JITCKPT_MEMORY_GROUP must be"),
+                              ("JITCKPT_MEMORY_PARITIES", "two", "JITCKPT_MEMORY_PARITIES must be"),
+                              ("JITCKPT_MEMORY_COPIES", "-1", "JITCKPT_MEMORY_COPIES must be"),
+                              ("JITCKPT_MEMORY_XOR_GROUP", "2", "is now JITCKPT_MEMORY_GROUP")):
         env = job_env()
         env[name] = value
         result = jit_run("--checkpoint-dir", str(tmp_path), "--memory-redundancy", "rs", "torchrun", "x.py", env=env)
-        assert result.returncode == 2 and f"{name} must be" in result.stderr, result.stderr
+        assert result.returncode == 2 and said in result.stderr, result.stderr
 
 
 def test_admin_switch_turns_jit_run_into_a_pass_through(tmp_path):

@@ -215,6 +215,9 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
     if args.memory_redundancy not in config.MEMORY_REDUNDANCY_SCHEMES:
         raise UsageError(f"{config.ENV_MEMORY_REDUNDANCY} must be one of {', '.join(config.MEMORY_REDUNDANCY_SCHEMES)} "
                          f"(got {args.memory_redundancy!r})")
+    if os.environ.get("JITCKPT_MEMORY_XOR_GROUP"):
+        raise UsageError(f"JITCKPT_MEMORY_XOR_GROUP is now {config.ENV_MEMORY_GROUP} (the nodes per group of the "
+                         "xor and rs schemes)")
     for name, what in ((config.ENV_MEMORY_GROUP, "a number of nodes"), (config.ENV_MEMORY_PARITIES, "a number"),
                        (config.ENV_MEMORY_COPIES, "a number")):
         value = os.environ.get(name, "")

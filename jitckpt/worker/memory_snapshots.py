@@ -256,8 +256,10 @@ class MemorySnapshots:
             eventlog.record("memory_hand_over_failed", rank=rt.rank, attempt=rt.attempt, error=str(exc))
             return
         if handed:
-            log(f"memory tier: handed over {', '.join(handed)} from this host's memory to "
-                f"{peer_copies(rt.checkpoint_root).root} in {time.perf_counter() - started:.2f}s")
+            shared = peer_copies(rt.checkpoint_root).root
+            where = str(shared) + (f" and {shared.name}-parity" if any("/group-" in h for h in handed) else "")
+            log(f"memory tier: handed over {', '.join(handed)} from this host's memory to {where} "
+                f"in {time.perf_counter() - started:.2f}s")
             eventlog.record("memory_handed_over", rank=rt.rank, attempt=rt.attempt, copies=handed)
 
     def take(self, rt: "JitRuntime") -> Path | None:
