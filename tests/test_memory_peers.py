@@ -56,15 +56,20 @@ def _snapshot(memory: MemoryStore, rank: int, step: int, payload: bytes = b"stat
     return pending.commit({"reason": "memory-tier snapshot"})
 
 
-def _pair(tmp_path: Path, timeout: float = 5.0) -> tuple[PeerCopies, PeerCopies]:
-    """Ranks 0 and 1 of a job of two hosts with one rank each: each keeps the other's copies."""
-    store = FakeStore()
-    peers = [PeerCopies(MemoryStore(tmp_path / f"host{r}"), r, 2, 1, node=r, timeout=timeout) for r in (0, 1)]
-    starts = [threading.Thread(target=p.start, args=(store, "jitckpt/memory-peers/round-1")) for p in peers]
+def _start_all(peers: list[PeerCopies], store: "FakeStore", prefix: str) -> None:
+    """Start every rank's side at once (each waits in the store for the ranks that keep its copies)."""
+    starts = [threading.Thread(target=p.start, args=(store, prefix)) for p in peers]
     for t in starts:
         t.start()
     for t in starts:
         t.join()
+
+
+def _pair(tmp_path: Path, timeout: float = 5.0) -> tuple[PeerCopies, PeerCopies]:
+    """Ranks 0 and 1 of a job of two hosts with one rank each: each keeps the other's copies."""
+    store = FakeStore()
+    peers = [PeerCopies(MemoryStore(tmp_path / f"host{r}"), r, 2, 1, node=r, timeout=timeout) for r in (0, 1)]
+    _start_all(peers, store, "jitckpt/memory-peers/round-1")
     assert all(list(p._peers) == p.successors for p in peers)
     return peers[0], peers[1]
 
@@ -339,11 +344,7 @@ def test_xor_copies_over_the_wire_make_a_parity_that_rebuilds(tmp_path):
     store = FakeStore()
     peers = [PeerCopies(MemoryStore(tmp_path / f"host{r}"), r, 3, 1, node=r, timeout=5, scheme="xor", group_size=2)
              for r in range(3)]
-    starts = [threading.Thread(target=p.start, args=(store, "x")) for p in peers]
-    for t in starts:
-        t.start()
-    for t in starts:
-        t.join()
+    _start_all(peers, store, "x")
     try:
         assert [p.successors for p in peers] == [[2], [2], [0]]
         for step in (4, 5):
@@ -410,11 +411,7 @@ def test_rs_copies_over_the_wire_rebuild_two_lost_hosts_and_refuse_three(tmp_pat
     store = FakeStore()
     peers = [PeerCopies(MemoryStore(tmp_path / f"host{r}"), r, 4, 1, node=r, timeout=5, scheme="rs", group_size=2,
                         parities=2) for r in range(4)]
-    starts = [threading.Thread(target=p.start, args=(store, "rs")) for p in peers]
-    for t in starts:
-        t.start()
-    for t in starts:
-        t.join()
+    _start_all(peers, store, "rs")
     try:
         assert [p.successors for p in peers] == [[2, 3], [2, 3], [0, 1], [0, 1]]
         assert [sorted(p.keeps_for) for p in peers] == [[2, 3], [2, 3], [0, 1], [0, 1]]

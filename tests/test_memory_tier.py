@@ -136,23 +136,32 @@ def test_fsdp_lost_host_resumes_from_the_copies_in_the_other_hosts_memory_bit_ex
     assert failure["resumed_from_minibatch"] == 5 and failure["minibatches_redone"] == 1, failure
 
 
+def _three_hosts(tmp_path: Path, port: int, base: list[str], **launch) -> dict:
+    """Three jit-run "hosts" of one FSDP2 rank each; hosts 1 and 2 carry the fault "rank 1 freezes in its backward
+    of minibatch 5" (which of them gets rank 1 is the rendezvous's choice)."""
+    from test_multinode import _launch_node, _wait_listening
+
+    hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
+                                   nnodes=3, **launch)}
+    _wait_listening(port)
+    for name in ("host1", "host2"):
+        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, nproc_per_node=1, nnodes=3,
+                                   script_args=[*base, "--die", "1:5:backward:hang"], **launch)
+    return hosts
+
+
 @pytest.mark.slow
 def test_xor_lost_host_is_rebuilt_from_the_parity_on_a_third_host_bit_exact(tmp_path):
     """``--memory-redundancy xor``, three hosts of one FSDP2 rank each: ranks 0 and 1 form a group whose XOR
     parity the third host keeps (no copies).  Rank 1 freezes in its backward of minibatch 5 and its host is
     lost; its snapshot is rebuilt from rank 0's and the parity, and the job ends bit-exact, one minibatch redone."""
-    from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
+    from test_multinode import _finish, _free_port, _launch_node, _lose_node
 
     expected = fault_free("fsdp", 3)
     base = ["--mode", "fsdp", "--steps", str(STEPS)]
     xor = ["--memory-redundancy", "xor"]
     port = _free_port()
-    hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
-                                   nnodes=3, jit_options=xor)}
-    _wait_listening(port)
-    for name in ("host1", "host2"):  # (which of them gets rank 1 is the rendezvous's choice)
-        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, nproc_per_node=1, nnodes=3, jit_options=xor,
-                                   script_args=[*base, "--die", "1:5:backward:hang"])
+    hosts = _three_hosts(tmp_path, port, base, jit_options=xor)
     deadline = time.monotonic() + 240
     hung = None
     while hung is None:
@@ -250,17 +259,12 @@ def test_two_neighbouring_hosts_lost_name_the_shard_with_no_copy_left_and_fall_b
     """Three hosts of one FSDP2 rank each: hosts 1 and 2 are lost together.  Rank 1's copy was kept by rank 2,
     lost with it: beyond what one copy tolerates.  The selection names that shard, uses no partial step, and
     the job starts afresh and still ends bit-exact (correct, only later)."""
-    from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
+    from test_multinode import _finish, _free_port, _launch_node, _lose_node
 
     expected = fault_free("fsdp", 3)
     base = ["--mode", "fsdp", "--steps", str(STEPS)]
     port = _free_port()
-    hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
-                                   nnodes=3)}
-    _wait_listening(port)
-    for name in ("host1", "host2"):  # (which of them gets rank 1 is the rendezvous's choice)
-        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, nproc_per_node=1, nnodes=3,
-                                   script_args=[*base, "--die", "1:5:backward:hang"])
+    hosts = _three_hosts(tmp_path, port, base)
     deadline = time.monotonic() + 240
     logs = [tmp_path / "host1.log", tmp_path / "host2.log"]
     while not any("rank 1: hang myself in the backward of minibatch 5" in log.read_text(errors="replace") for log in logs):
@@ -291,18 +295,13 @@ def test_two_copies_survive_two_neighbouring_hosts_lost_bit_exact(tmp_path):
     """The same two neighbouring hosts lost as above, with ``JITCKPT_MEMORY_COPIES=2``: every snapshot has a copy
     on each of the next two hosts, so host 0 keeps copies of ranks 1 and 2 both, hands them over, and the
     replacement hosts resume at minibatch 5 from them, bit-exact, one minibatch redone."""
-    from test_multinode import _finish, _free_port, _launch_node, _lose_node, _wait_listening
+    from test_multinode import _finish, _free_port, _launch_node, _lose_node
 
     expected = fault_free("fsdp", 3)
     base = ["--mode", "fsdp", "--steps", str(STEPS)]
     two = {"JITCKPT_MEMORY_COPIES": "2"}
     port = _free_port()
-    hosts = {"host0": _launch_node(tmp_path, "host0", port, script=PROGRAM, script_args=base, nproc_per_node=1,
-                                   nnodes=3, env=two)}
-    _wait_listening(port)
-    for name in ("host1", "host2"):  # (which of them gets rank 1 is the rendezvous's choice)
-        hosts[name] = _launch_node(tmp_path, name, port, script=PROGRAM, nproc_per_node=1, nnodes=3, env=two,
-                                   script_args=[*base, "--die", "1:5:backward:hang"])
+    hosts = _three_hosts(tmp_path, port, base, env=two)
     deadline = time.monotonic() + 240
     logs = [tmp_path / "host1.log", tmp_path / "host2.log"]
     while not any("rank 1: hang myself in the backward of minibatch 5" in log.read_text(errors="replace") for log in logs):
