@@ -64,10 +64,10 @@ STANDBY_MODULE = "jitckpt.worker.standby"
 # standby never has the first (it must not arm) and reads none of them at import.
 AGENT_PER_ATTEMPT = frozenset({config.ENV_ACTIVE, config.ENV_WORKER_GENERATION, config.ENV_RENDEZVOUS_ROUND})
 HANDOVER_TIMEOUT = 10.0
-# Warm standbys this long after a worker group started even if its first minibatch was not logged.
-WARM_AFTER_SECONDS = 60.0
-POLL_SECONDS = 0.2
+# How long a (re)start waits for a template that is still importing torch (a cold start takes as long).
+TEMPLATE_START_TIMEOUT = 180.0
 MAX_FAILED_STARTS = 3
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def say(message: str) -> None:
@@ -109,26 +109,71 @@ def _environ_snapshot() -> dict[str, str]:
             continue
 
 
-class _Standby:
-    """One standby interpreter and the agent's end of its socket."""
+class AdoptedWorker:
+    """A worker the template forked and the agent adopted (a subreaper): what torchrun needs of a ``Popen``
+    (``pid``, ``args``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``),
+    with the exit status read by ``waitpid``, as ``Popen`` reads it."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def _reap(self, flags: int) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, flags)
+                except ChildProcessError:  # (reaped elsewhere: its status is lost)
+                    self.returncode = 255
+                else:
+                    if pid == self.pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def poll(self) -> int | None:
+        return self._reap(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            return self._reap(0)  # type: ignore[return-value]
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while self.poll() is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(min(delay, remaining, 0.05))
+            delay *= 2
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class _Template:
+    """The template interpreter and the agent's end of its socket."""
 
     def __init__(self, popen: subprocess.Popen, sock: socket.socket, env: dict[str, str]) -> None:
         self.popen = popen
         self.sock = sock
         self.env = env  # the environment it was started with
         self.ready = False
-        self.ready_at = 0.0
         self.env_read: list[str] = []
-        self.paused = False
-
-    def signal(self, sig: int) -> None:
-        try:
-            os.kill(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass  # (exited; reaped by the pool thread)
 
     def discard(self) -> None:
-        """Close the socket, kill it if it is still running, and reap it."""
+        """Close the socket (the template exits), kill it if it is still running, and reap it."""
         self.sock.close()
         if self.popen.poll() is None:
             try:
@@ -141,14 +186,12 @@ class _Standby:
             pass
 
 
-class StandbyPool:
-    """Standby interpreters for the workers of one agent (see the module docstring).
+class WarmStart:
+    """The template of one agent's workers (see the module docstring).
 
-    The agent's main thread calls :meth:`start_worker` from torchrun's
-    ``SubprocessHandler``; a background
-    thread starts standbys, collects their "ready" messages and notices
-    standbys that died.  All socket reads happen under ``_lock``, and a standby
-    is removed from the pool (under the lock) before it is handed a worker.
+    Everything runs in the agent's main thread, from torchrun's
+    ``SubprocessHandler``: the template is started when the agent starts,
+    and each worker of each (re)start is forked from it once it is ready.
     """
 
     def __init__(self, interpreter: str) -> None:
@@ -156,31 +199,20 @@ class StandbyPool:
         self.size = 0  # local world size, learned from the first worker group
         self.generation = -1
         self.disabled: str | None = None
-        self._standbys: list[_Standby] = []
-        self._lock = threading.Lock()
-        self._group_pids: dict[int, int] = {}
-        self._group_started = time.monotonic()
-        self._trained: set[int] = set()
         self.cold: list[tuple[int, str]] = []  # (local rank, why) of this group's cold starts
+        self._template: _Template | None = None
         self._failed_starts = 0
-        self._closed = False
-        # Standbys die with this thread (PR_SET_PDEATHSIG), so it lives as long as the agent.
-        self._thread = threading.Thread(target=self._maintain, name="jitckpt-standby-pool", daemon=True)
-        self._thread.start()
 
     # ----- called by torchrun's SubprocessHandler (agent main thread) --------------------
 
-    def start_worker(self, handler: Any, args: tuple[str, ...], env: dict[str, str], spawn: Any) -> subprocess.Popen:
-        """torchrun's ``SubprocessHandler._popen``: a standby's Popen, or ``spawn(handler, args, env)``'s."""
+    def start_worker(self, handler: Any, args: tuple[str, ...], env: dict[str, str], spawn: Any) -> Any:
+        """torchrun's ``SubprocessHandler._popen``: a forked worker, or ``spawn(handler, args, env)``'s Popen."""
         local_rank = handler.local_rank_id
         if local_rank == 0:
-            self.new_group()
+            self.generation += 1
+            self.cold = []
         proc = None
-        if self.generation == 0 and local_rank == 0:  # (the first group has no standbys yet)
-            command = parse_worker_command(args, self.interpreter)
-            if isinstance(command, str):
-                self.disable(command)
-        elif self.generation > 0 and not self.disabled:
+        if not self.disabled:
             try:
                 proc, why = self.launch(args, env, handler._stdout, handler._stderr, local_rank)
             except Exception as exc:  # (another torch's SubprocessHandler, a bug): never worse than cold
@@ -190,225 +222,167 @@ class StandbyPool:
                 eventlog.record("warm_fallback", local_rank=local_rank, reason=why)
                 if not self.disabled:  # (disable() has said why, once)
                     self.cold.append((local_rank, why))
-            if local_rank == self.size - 1 and self.cold:  # one line per group
-                ranks = ", ".join(str(r) for r, _ in self.cold)
-                reasons = "; ".join(dict.fromkeys(why for _, why in self.cold))
-                say(f"local rank{'s' if len(self.cold) > 1 else ''} {ranks} of {self.size} start cold: {reasons}")
+        self.size = max(self.size, local_rank + 1)
+        if local_rank == self.size - 1 and self.cold:  # one line per group
+            ranks = ", ".join(str(r) for r, _ in self.cold)
+            reasons = "; ".join(dict.fromkeys(why for _, why in self.cold))
+            say(f"local rank{'s' if len(self.cold) > 1 else ''} {ranks} of {self.size} start cold: {reasons}")
         if proc is None:
             proc = spawn(handler, args, env)
-        self.note_worker(local_rank, proc.pid)
         return proc
 
-    def new_group(self) -> None:
-        """torchrun is starting a new group of workers (local rank 0 comes first).
-
-        Standbys still importing are paused (SIGSTOP) until the new workers train, so
-        that they do not slow a cold (re)start down; ready ones are idle anyway."""
-        self.generation += 1
-        self._group_pids = {}
-        self._trained = set()
-        self._group_started = time.monotonic()
-        self.cold = []
-        with self._lock:
-            for standby in self._standbys:
-                if not standby.ready and not standby.paused:
-                    standby.signal(signal.SIGSTOP)
-                    standby.paused = True
-
-    def note_worker(self, local_rank: int, pid: int) -> None:
-        self._group_pids[local_rank] = pid
-        self.size = max(self.size, local_rank + 1)
-
     def launch(self, args: tuple[str, ...], env: dict[str, str], stdout: IO | None, stderr: IO | None,
-               local_rank: int) -> tuple[subprocess.Popen | None, str]:
-        """Hand worker ``local_rank`` to a standby: its Popen, or None and why not."""
+               local_rank: int) -> tuple[AdoptedWorker | None, str]:
+        """Fork worker ``local_rank`` from the template and hand it the job: the worker, or None and why not."""
         command = parse_worker_command(args, self.interpreter)
         if isinstance(command, str):
             self.disable(command)
             return None, command
         target, is_module, argv = command
-        standby, why = self._take(env)
-        if standby is None:
+        template, why = self._ready_template(env)
+        if template is None:
             return None, why
         job = {"argv": argv, "orig_argv": list(args), "env": env, "cwd": os.getcwd(), "module": is_module, "target": target}
         fds = [stdout.fileno() if stdout else 1, stderr.fileno() if stderr else 2]
-        pid = standby.popen.pid
+        worker_sock = None
         try:
-            standby.sock.settimeout(HANDOVER_TIMEOUT)
-            wire.send_message(standby.sock, job, fds)
-            reply, _ = wire.recv_message(standby.sock)
-            if not reply.get("started"):
+            template.sock.settimeout(HANDOVER_TIMEOUT)
+            wire.send_message(template.sock, {"fork": True})
+            reply, received = wire.recv_message(template.sock, max_fds=1)
+            if not reply.get("forked") or len(received) != 1:
                 raise ValueError(f"unexpected reply {reply}")
-        except (OSError, EOFError, ValueError) as exc:
-            standby.discard()
-            eventlog.record("standby_lost", standby_pid=pid, during="hand-over", error=str(exc))
-            return None, f"standby pid {pid} failed during the hand-over ({type(exc).__name__})"
-        standby.sock.close()
-        standby.popen.args = list(args)
-        eventlog.record("warm_handover", local_rank=local_rank, worker_pid=pid,
-                        idle_seconds=round(time.monotonic() - standby.ready_at, 3))
-        return standby.popen, ""
+            worker_sock = socket.socket(fileno=received[0])
+            worker_sock.settimeout(HANDOVER_TIMEOUT)
+            hello, _ = wire.recv_message(worker_sock)
+            pid = int(hello["pid"])
+            worker = AdoptedWorker(pid, list(args))
+            wire.send_message(worker_sock, job, fds)
+            reply, _ = wire.recv_message(worker_sock)
+            if not reply.get("started"):
+                worker.kill()
+                worker.wait(5)
+                raise ValueError(f"unexpected reply {reply}")
+        except (OSError, EOFError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as exc:
+            pid = template.popen.pid
+            self._lose_template(f"failed to fork a worker ({type(exc).__name__}: {exc})")
+            return None, f"the template (pid {pid}) failed to fork a worker ({type(exc).__name__})"
+        finally:
+            if worker_sock is not None:
+                worker_sock.close()
+        eventlog.record("warm_handover", local_rank=local_rank, worker_pid=pid, template_pid=template.popen.pid)
+        return worker, ""
 
     def disable(self, reason: str) -> None:
-        """Stop warming (for the rest of the job) and say why, once."""
+        """Stop forking workers (for the rest of the job) and say why, once."""
         if self.disabled is None:
             self.disabled = reason
             say(f"off for this job: {reason}; torchrun spawns the workers itself")
             eventlog.record("warm_restart_off", reason=reason)
-            self.close(stop_thread=False)
+            self.close()
 
-    def close(self, stop_thread: bool = True) -> None:
-        """Kill and reap every standby not handed out (at the agent's exit)."""
-        self._closed = self._closed or stop_thread
-        with self._lock:
-            standbys, self._standbys = self._standbys, []
-        for standby in standbys:
-            standby.discard()
+    def close(self) -> None:
+        """End the template (at the agent's exit): workers it forked are the agent's, and go on."""
+        template, self._template = self._template, None
+        if template is not None:
+            template.discard()
 
-    # ----- choosing a standby ------------------------------------------------------------
+    # ----- the template --------------------------------------------------------------------
 
-    def _take(self, env: dict[str, str]) -> tuple[_Standby | None, str]:
-        lost = []
-        try:
-            with self._lock:
-                if self.disabled:
-                    return None, self.disabled
-                agent_env = _environ_snapshot()
-                for standby in [s for s in self._standbys if s.ready]:
-                    self._standbys.remove(standby)
-                    if standby.popen.poll() is not None:
-                        lost.append((standby, f"exited with status {standby.popen.returncode}"))
-                        continue
-                    changed = sorted(k for k in set(standby.env) | set(agent_env)
-                                     if k not in AGENT_PER_ATTEMPT and standby.env.get(k) != agent_env.get(k))
-                    if changed:
-                        lost.append((standby, f"the agent's environment changed since it started ({', '.join(changed[:3])})"))
-                        continue
-                    per_rank = [k for k in standby.env_read if k not in AGENT_PER_ATTEMPT and env.get(k) != standby.env.get(k)]
-                    if per_rank:
-                        self._standbys.append(standby)  # (disabled below: every standby would read them)
-                        why = "importing torch read the workers' own environment variables " + ", ".join(per_rank[:3])
-                        break
-                    return standby, ""
-                else:
-                    warming = len(self._standbys)
-                    why = "no standby ready" + (f" ({warming} still warming)" if warming else "")
-        finally:
-            for standby, reason in lost:
-                eventlog.record("standby_lost", standby_pid=standby.popen.pid, during="idle", error=reason)
-                standby.discard()
-        if why.startswith("importing"):
-            self.disable(why)
-        elif lost:
-            why = f"standby pid {lost[-1][0].popen.pid} {lost[-1][1]}; " + why
-        return None, why
-
-    # ----- the background thread -----------------------------------------------------------
-
-    def _maintain(self) -> None:
-        while not self._closed:
-            try:
-                self._collect()
-                self._resume_paused()
-                for _ in range(self._missing()):
-                    self._spawn()
-            except Exception as exc:  # the pool must never take the agent down
-                self.disable(f"internal error {type(exc).__name__}: {exc}")
-            time.sleep(POLL_SECONDS)
-
-    def _collect(self) -> None:
-        """Read "ready" messages; drop standbys that died."""
-        dead = []
-        with self._lock:
-            socks = [s.sock for s in self._standbys]
-            readable = set(select.select(socks, [], [], 0)[0]) if socks else set()
-            for standby in [s for s in self._standbys if s.sock in readable]:
-                message: dict[str, Any] = {}
-                try:
-                    standby.sock.settimeout(5.0)
-                    message, _ = wire.recv_message(standby.sock)
-                except (OSError, EOFError, ValueError):
-                    pass
-                if message.get("ready") and not standby.ready:
-                    standby.ready, standby.ready_at, standby.env_read = True, time.monotonic(), message.get("env_read", [])
-                    if standby.paused:  # (paused just after it sent "ready": an idle standby takes no CPU)
-                        standby.signal(signal.SIGCONT)
-                        standby.paused = False
-                    self._failed_starts = 0
-                    eventlog.record("standby_ready", standby_pid=standby.popen.pid, seconds=message.get("seconds"),
-                                    env_scanned_by=message.get("env_scanned_by", []))
-                else:  # EOF: it died (an idle standby sends nothing else)
-                    self._standbys.remove(standby)
-                    dead.append(standby)
-        for standby in dead:
-            standby.discard()
-            if not standby.ready:
-                self._failed_starts += 1
-                if self._failed_starts >= MAX_FAILED_STARTS:
-                    self.disable(f"{MAX_FAILED_STARTS} standbys in a row exited while starting "
-                                 f"(last status {standby.popen.returncode}; their errors are above)")
-            eventlog.record("standby_lost", standby_pid=standby.popen.pid, during="idle" if standby.ready else "start",
-                            error=f"exited with status {standby.popen.returncode}")
-
-    def _resume_paused(self) -> None:
-        with self._lock:
-            paused = [s for s in self._standbys if s.paused]
-        if paused and self._group_training():
-            for standby in paused:
-                standby.signal(signal.SIGCONT)
-                standby.paused = False
-
-    def _missing(self) -> int:
-        """How many standbys to start now: the pool refills all at once, while no standby is starting
-        and once the current workers are training."""
-        if self.disabled or self._closed or self.generation < 0:
-            return 0
-        with self._lock:
-            if any(not s.ready for s in self._standbys):
-                return 0
-            missing = self.size - len(self._standbys)
-        return missing if missing > 0 and self._group_training() else 0
-
-    def _group_training(self) -> bool:
-        """True once every worker of the current group has logged its first minibatch (or after a while)."""
-        if time.monotonic() - self._group_started >= WARM_AFTER_SECONDS:
-            return True
-        run_dir = os.environ.get(config.ENV_RUN_DIR)
-        pids = set(self._group_pids.values())
-        if not run_dir or not pids:
-            return False
-        for pid in pids - self._trained:
-            for log in (Path(run_dir) / "events").glob(f"{pid}-*.jsonl"):
-                try:
-                    if '"first_step_done"' in log.read_text(errors="replace"):
-                        self._trained.add(pid)
-                except OSError:
-                    pass
-        return pids <= self._trained
-
-    def _spawn(self) -> None:
+    def start_template(self) -> None:
+        """Start the template interpreter (it imports ``PRELOAD``, then forks workers on request)."""
         ours, theirs = socket.socketpair()
         env = _environ_snapshot()
-        env.pop(config.ENV_ACTIVE, None)  # the bootstrap must not arm a runtime in a standby
+        env.pop(config.ENV_ACTIVE, None)  # the bootstrap must not arm a runtime in the template
         cmd = [self.interpreter, "-u", "-m", STANDBY_MODULE, "--fd", str(theirs.fileno()), "--parent", str(os.getpid())]
         try:
             popen = subprocess.Popen(cmd, env=env, pass_fds=(theirs.fileno(),), start_new_session=True)
         except OSError as exc:
             ours.close()
-            self.disable(f"cannot start a standby: {exc}")
+            self.disable(f"cannot start the template interpreter: {exc}")
             return
         finally:
             theirs.close()
-        with self._lock:
-            self._standbys.append(_Standby(popen, ours, env))
+        self._template = _Template(popen, ours, env)
+
+    def _lose_template(self, why: str) -> None:
+        template, self._template = self._template, None
+        if template is None:
+            return
+        template.discard()
+        eventlog.record("template_lost", template_pid=template.popen.pid, error=why)
+        if not template.ready:
+            self._failed_starts += 1
+            if self._failed_starts >= MAX_FAILED_STARTS:
+                self.disable(f"{MAX_FAILED_STARTS} template interpreters in a row exited while importing torch "
+                             f"(last status {template.popen.returncode}; their errors are above)")
+
+    def _ready_template(self, env: dict[str, str]) -> tuple[_Template | None, str]:
+        """The template, started if there is none and waited for while it imports; or None and why not."""
+        template = self._template
+        if template is not None and template.popen.poll() is not None:
+            self._lose_template(f"exited with status {template.popen.returncode}")
+            template = None
+        if template is not None:
+            agent_env = _environ_snapshot()
+            changed = sorted(k for k in set(template.env) | set(agent_env)
+                             if k not in AGENT_PER_ATTEMPT and k != config.ENV_ACTIVE
+                             and template.env.get(k) != agent_env.get(k))
+            if changed:
+                self._lose_template(f"the agent's environment changed since it started ({', '.join(changed[:3])})")
+                template = None
+        if template is None:
+            if self.disabled:
+                return None, self.disabled
+            self.start_template()
+            template = self._template
+            if template is None:
+                return None, self.disabled or "no template"
+        if not template.ready:
+            try:
+                template.sock.settimeout(TEMPLATE_START_TIMEOUT)
+                message, _ = wire.recv_message(template.sock)
+            except (OSError, EOFError, ValueError) as exc:
+                status = template.popen.poll()
+                self._lose_template(f"no ready message ({type(exc).__name__}: {exc})")
+                return None, (f"the template interpreter exited with status {status} while importing torch"
+                              if status is not None else f"the template interpreter was not ready within "
+                                                         f"{TEMPLATE_START_TIMEOUT:.0f}s")
+            if not message.get("ready"):
+                why = str(message.get("error", "it was not ready"))
+                self.disable(f"the template interpreter cannot fork workers: {why}")
+                return None, self.disabled or why
+            template.ready, template.env_read = True, list(message.get("env_read", []))
+            self._failed_starts = 0
+            eventlog.record("template_ready", template_pid=template.popen.pid, seconds=message.get("seconds"),
+                            env_scanned_by=message.get("env_scanned_by", []))
+        per_rank = [k for k in template.env_read if k not in AGENT_PER_ATTEMPT and env.get(k) != template.env.get(k)]
+        if per_rank:
+            why = "importing torch read the workers' own environment variables " + ", ".join(per_rank[:3])
+            self.disable(why)
+            return None, why
+        return template, ""
 
 
-_pool: StandbyPool | None = None
+_pool: WarmStart | None = None
 
 
 def _close_pool() -> None:
     if _pool is not None:
         _pool.close()
+
+
+def _become_subreaper() -> str | None:
+    """Linux: orphaned descendants (the template's forked workers) become this process's children.
+    Returns why not, or None."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as exc:
+        return f"prctl unavailable ({exc})"
+    return None
 
 
 def install() -> None:
@@ -426,11 +400,17 @@ def install() -> None:
     if getattr(original, "_jitckpt_patched", False):
         return
 
-    def popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> subprocess.Popen:
-        global _pool
-        if _pool is None:
-            _pool = StandbyPool(interpreter=sys.executable)
-            atexit.register(_close_pool)
+    global _pool
+    _pool = WarmStart(interpreter=sys.executable)
+    atexit.register(_close_pool)
+    why = _become_subreaper()
+    if why:
+        _pool.disable(why)
+    # (the template starts with the first workers: torchrun sets OMP_NUM_THREADS and more in the agent's
+    # environment just before, and what libgomp reads when torch loads it must be the workers' own)
+
+    def popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
+        assert _pool is not None
         return _pool.start_worker(self, args, env, original)
 
     popen._jitckpt_patched = True  # type: ignore[attr-defined]

@@ -303,6 +303,76 @@ def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle
         _run_script(job["target"], main)
 
 
+def _reseed_after_fork() -> None:
+    """Give a forked worker the fresh random state a fresh interpreter has: torch (2.13) seeds its CPU
+    generator, and numpy its global one, from the OS at import; Python's ``random`` reseeds itself at fork."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "default_generator"):
+        torch.default_generator.seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None and hasattr(numpy_random, "seed"):
+        numpy_random.seed()
+
+
+def _forked_worker(sock: socket.socket, agent: int) -> None:
+    """In the grandchild the template forked: wait to be the agent's child, then wait for a worker's job."""
+    deadline = time.monotonic() + 10.0
+    while os.getppid() != agent:  # (the intermediate process exits at once; the agent, a subreaper, adopts us)
+        if time.monotonic() > deadline:
+            os._exit(0)
+        time.sleep(0.001)
+    os.setsid()  # a session and process group of its own, as torchrun gives a worker
+    _set_parent_death_signal(signal.SIGKILL)  # never outlives the agent before it is a worker
+    if os.getppid() != agent:
+        os._exit(0)
+    _reseed_after_fork()
+    idle_since = time.time()
+    try:
+        send_message(sock, {"ready": True, "pid": os.getpid()})
+        sock.settimeout(None)
+        job, fds = recv_message(sock, max_fds=2)
+    except (EOFError, OSError):
+        os._exit(0)
+    become_worker(sock, job, fds, idle_since)
+
+
+def _fork_worker(agent_sock: socket.socket) -> socket.socket | None:
+    """One worker interpreter: fork twice, so that the agent (a subreaper) adopts the grandchild, and hand
+    the agent the grandchild's socket.  Returns that socket in the grandchild, None in the template."""
+    ours, theirs = socket.socketpair()
+    child = os.fork()
+    if child == 0:  # the intermediate process: it only forks
+        grandchild = False
+        try:
+            agent_sock.close()
+            ours.close()
+            grandchild = os.fork() == 0
+        finally:
+            if not grandchild:
+                os._exit(0)
+        return theirs
+    theirs.close()
+    os.waitpid(child, 0)
+    send_message(agent_sock, {"forked": True}, [ours.fileno()])
+    ours.close()
+    return None
+
+
+def serve_as_template(sock: socket.socket) -> socket.socket:
+    """The template's loop: a worker interpreter for each ``{"fork": true}``; exits when the agent closes
+    the socket.  Returns (in a forked grandchild only) that worker's socket."""
+    while True:
+        try:
+            sock.settimeout(None)
+            message, _ = recv_message(sock)
+        except (EOFError, OSError, ValueError):
+            os._exit(0)
+        if message.get("fork"):
+            worker = _fork_worker(sock)
+            if worker is not None:
+                return worker
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jitckpt.worker.standby", description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="the socket to the agent (inherited)")
@@ -313,19 +383,22 @@ def main(argv: list[str] | None = None) -> None:
     if not sys.flags.safe_path and sys.path and sys.path[0] == os.getcwd():
         del sys.path[0]
     sock = socket.socket(fileno=args.fd)
-    _set_parent_death_signal(signal.SIGKILL)  # an idle standby never outlives the agent
+    _set_parent_death_signal(signal.SIGKILL)  # the template never outlives the agent
     if os.getppid() != args.parent:
         os._exit(0)
     started = time.monotonic()
     env_read, env_scanned_by = _preload()
-    idle_since = time.time()
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        # (a forked child of a process with a CUDA context cannot use CUDA: never fork then)
+        send_message(sock, {"ready": False, "error": "importing torch initialised CUDA"})
+        os._exit(0)
     try:
         send_message(sock, {"ready": True, "pid": os.getpid(), "seconds": round(time.monotonic() - started, 3),
                             "env_read": env_read, "env_scanned_by": env_scanned_by})
-        job, fds = recv_message(sock, max_fds=2)
-    except (EOFError, OSError):
-        os._exit(0)  # the agent is done with us (or gone)
-    become_worker(sock, job, fds, idle_since)
+    except OSError:
+        os._exit(0)
+    _forked_worker(serve_as_template(sock), args.parent)  # (in the template, serve_as_template never returns)
 
 
 if __name__ == "__main__":
