@@ -187,20 +187,6 @@ GROUPED_FIXTURES: dict[str, tuple[str, ...]] = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _cold_restarts_unless_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Jobs run with ``JITCKPT_WARM_RESTART=off`` unless the test is marked ``warm_restart``.
-
-    Standbys import torch beside the job's workers: 20% more CPU time per recovery test
-    (measured: 44 s against 35 s of CPU for one data-loader recovery test), on a machine
-    whose two cores the parallel pass already saturates.  Warm restart keeps its own tests
-    (tests/test_warm_restart.py), the central recovery matrix (tests/test_recovery.py) and
-    a data-loader recovery keep the default, as users run it.
-    """
-    if request.node.get_closest_marker("warm_restart") is None and "JITCKPT_WARM_RESTART" not in os.environ:
-        monkeypatch.setenv("JITCKPT_WARM_RESTART", "off")
-
-
 _held_locks: dict[Path, int] = {}
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import reference_sha, run_jit
 
-pytestmark = [pytest.mark.slow, pytest.mark.warm_restart]  # the central matrix runs as users run it
+pytestmark = pytest.mark.slow
 
 
 # 3 ranks (run_jit's and reference_sha's default): rank 2 fails, ranks 0 and 1 are its replicas.

@@ -1,14 +1,16 @@
-"""Warm restart (``jitckpt.launch.warm_start``): restarted workers come from pre-warmed standby interpreters.
+"""Warm start (``jitckpt.launch.warm_start``): workers are forked from a template interpreter that imported torch.
 
-- A recovery with warm restart on ends bit-for-bit where the fault-free run
+- A recovery with warm start on ends bit-for-bit where the fault-free run
   ends, and the report shows every restarted worker was warm.
-- A worker started from a standby is indistinguishable to its script from
-  one torchrun spawns: ``__name__``, ``sys.argv``, ``sys.path``, the
-  environment, stdout/stderr (torchrun's redirects, and inherited), signals,
-  file descriptors, an uncaught exception's traceback and exit status; as a
-  script and with ``torchrun -m``.  The same job with ``--warm-restart off``
-  is the reference, and it records no warm events.
-- A standby killed before use does not break the restart: that rank starts cold.
+- A forked worker is indistinguishable to its script from one torchrun
+  spawns: ``__name__``, ``sys.argv``, ``sys.path``, the environment,
+  stdout/stderr (torchrun's redirects, and inherited), signals, file
+  descriptors, its parent (the agent), its random state, an uncaught
+  exception's traceback and exit status; as a script and with
+  ``torchrun -m``.  The same job with ``--warm-restart off`` is the
+  reference, and it records no warm events.
+- A template killed before a restart does not break it: a new one is started.
+- A template that cannot start means cold starts, said once per group.
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ import pytest
 
 from conftest import EXAMPLE, JOB_TIMEOUT, REPO, TRAIN_ARGS, job_env, reference_sha
 
-pytestmark = [pytest.mark.slow, pytest.mark.warm_restart]
+pytestmark = pytest.mark.slow
 
 PROBE = textwrap.dedent(
     '''
     """Attempt 0: one optimizer step, wait for the standbys (warm restart on), fail.  Attempt 1: describe itself.
 
     argv: OUT_DIR MODE; MODE "identity": in attempt 1 rank 1 dies from an uncaught exception once rank 0 is done;
-    MODE "kill-standby": in attempt 0 rank 0 kills one standby before failing, attempt 1 ends cleanly.
+    MODE "kill-template": in attempt 0 rank 0 kills the template before failing, attempt 1 ends cleanly.
     """
     import json, os, pickle, re, signal, sys, threading, time, warnings
     import torch
@@ -88,8 +90,22 @@ PROBE = textwrap.dedent(
             "nice": os.nice(0), "affinity": sorted(os.sched_getaffinity(0)), "threads": threading.active_count(),
             "armed_rank": rt.rank if rt else None,
             "torch_threads": torch.get_num_threads(), "pickles_main_class": len(pickle.dumps(Pickled())) > 0,
+            "fresh_random_state": fresh_random_state(),
             "last_value": hasattr(sys, "last_value"),
         }
+
+
+    def fresh_random_state():
+        """torch's, numpy's and random's generators as a fresh interpreter leaves them: unseeded, and not
+        those of another worker (each worker writes what it drew; the first to find its twin says so)."""
+        import random
+        import numpy
+        drawn = json.dumps([torch.initial_seed(), torch.rand(2).tolist(), numpy.random.rand(2).tolist(), random.random()])
+        mine = os.path.join(sys.argv[1], f"random-{os.environ['RANK']}-{os.environ['TORCHELASTIC_RESTART_COUNT']}")
+        with open(mine, "w") as f:
+            f.write(drawn)
+        others = [n for n in os.listdir(sys.argv[1]) if n.startswith("random-") and os.path.join(sys.argv[1], n) != mine]
+        return not any(open(os.path.join(sys.argv[1], n)).read() == drawn for n in others)
 
 
     def fail_here(rank):
@@ -103,18 +119,12 @@ PROBE = textwrap.dedent(
             p = torch.nn.Parameter(torch.zeros(1))
             opt = torch.optim.SGD([p], lr=0.1)
             p.grad = torch.ones(1)
-            opt.step()  # jitckpt logs the first minibatch: the agent starts warming standbys
-            if os.environ.get("JITCKPT_WARM_RESTART") == "on":
+            opt.step()
+            if rank == 0 and mode == "kill-template":
                 events = os.path.join(os.environ["JITCKPT_RUN_DIR"], "events")
-                deadline = time.time() + 120
-                while time.time() < deadline:
-                    ready = [json.loads(line) for n in os.listdir(events) for line in open(os.path.join(events, n))
-                             if '"standby_ready"' in line]
-                    if len(ready) >= int(os.environ["LOCAL_WORLD_SIZE"]):
-                        break
-                    time.sleep(0.2)
-                if rank == 0 and mode == "kill-standby":
-                    os.kill(ready[0]["standby_pid"], signal.SIGKILL)
+                (ready,) = [json.loads(line) for n in os.listdir(events) for line in open(os.path.join(events, n))
+                            if '"template_ready"' in line]
+                os.kill(ready["template_pid"], signal.SIGKILL)
             if rank == 0:
                 sys.exit(3)
             time.sleep(120)
@@ -207,7 +217,7 @@ def test_a_warm_worker_looks_like_a_fresh_one(tmp_path, module):
         failed = [e for e in events if e["event"] == "worker_failed" and e["rank"] == 1]
         assert [e["exitcode"] for e in failed][-1:] == [1], (warm, failed, output[-3000:])
     warm_events = [e for e in runs["on"][2] if e["event"] == "warm_start"]
-    assert sorted((e["rank"], e["attempt"]) for e in warm_events) == [(0, 1), (1, 1)], runs["on"][1][-3000:]
+    assert sorted((e["rank"], e["attempt"]) for e in warm_events) == [(0, 0), (0, 1), (1, 0), (1, 1)], runs["on"][1][-3000:]
     assert not [e for e in runs["off"][2] if "warm" in e["event"] or "standby" in e["event"]]
 
     if module:
@@ -224,6 +234,7 @@ def test_a_warm_worker_looks_like_a_fresh_one(tmp_path, module):
         differing = {k: (warm[k], cold[k]) for k in cold if warm.get(k) != cold[k]}
         assert not differing, f"rank {rank}: warm != cold: {differing}"
         assert cold["name"] == "__main__" and cold["armed_rank"] == int(rank) and cold["session_leader"]
+        assert cold["parent_is_agent"] and cold["fresh_random_state"], cold
     if not module:
         for stream in ("stderr", "stdout"):
             for local_rank in (0, 1):
@@ -238,9 +249,9 @@ def test_a_warm_worker_looks_like_a_fresh_one(tmp_path, module):
 def _train_job(tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path, Path]:
     ckpt = tmp_path / name / "ckpt"
     ckpt.parent.mkdir()
-    # 2 s per step: the 4 standbys must be ready (each imports torch, on a loaded 2-core machine up to ~30 s)
-    # well before the job's last step, when the test kills a rank (the sleep does not change the numbers)
-    cmd = _jit_run_cmd(ckpt, ["--nproc_per_node", "4", str(EXAMPLE), *TRAIN_ARGS, "--step-sleep", "2.0"])
+    # 0.5 s per step: the test kills a rank from outside, well before the job's last step (the sleep does
+    # not change the numbers)
+    cmd = _jit_run_cmd(ckpt, ["--nproc_per_node", "4", str(EXAMPLE), *TRAIN_ARGS, "--step-sleep", "0.5"])
     log = ckpt.parent / "job.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=job_env(), stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
@@ -282,7 +293,8 @@ def _sha(output: str) -> str | None:
 
 def test_recovery_with_warm_workers_is_bit_exact(tmp_path):
     proc, ckpt, log = _train_job(tmp_path, "job")
-    _wait_for(ckpt, proc, log, "standby_ready", 4)
+    _wait_for(ckpt, proc, log, "first_step_done", 4)
+    time.sleep(3.0)  # (a few minibatches in, at 0.5 s each)
     _kill_rank(ckpt, 2)
     output = _finish(proc, log)
     assert _sha(output) == reference_sha(4), output[-4000:]  # _train_job's 4 ranks
@@ -293,14 +305,62 @@ def test_recovery_with_warm_workers_is_bit_exact(tmp_path):
     assert not [e for e in _events(ckpt) if e["event"] == "warm_fallback"]
 
 
-def test_a_standby_killed_before_use_means_a_cold_start_for_that_rank(tmp_path):
+def test_a_template_killed_before_a_restart_is_replaced(tmp_path):
     (tmp_path / "warm_probe.py").write_text(PROBE)
-    code, output, events, log_dir = _probe_result(tmp_path, "job", _probe_job(tmp_path, "job", "on", False, "kill-standby"))
+    code, output, events, log_dir = _probe_result(tmp_path, "job", _probe_job(tmp_path, "job", "on", False, "kill-template"))
     assert code == 0, output[-4000:]
     probes = _probes(_attempt1_logs(log_dir, 0, "stdout") + _attempt1_logs(log_dir, 1, "stdout"))
     assert sorted(probes) == ["0", "1"], output[-3000:]
-    assert len([e for e in events if e["event"] == "warm_start"]) == 1, output[-3000:]
-    assert len([e for e in events if e["event"] == "warm_fallback"]) == 1, output[-3000:]
-    assert [e for e in events if e["event"] == "standby_lost"] or "no standby ready" in output, output[-3000:]
-    assert re.search(r"warm restart: local rank \d of 2 start cold: ", output), output[-3000:]
-    assert "(1 of 2 workers warm)" in output, output[-3000:]
+    (ready, _) = [e for e in events if e["event"] == "template_ready"]
+    (lost,) = [e for e in events if e["event"] == "template_lost"]
+    assert lost["template_pid"] == ready["template_pid"], (lost, ready)
+    assert len([e for e in events if e["event"] == "warm_start"]) == 4, output[-3000:]
+    assert not [e for e in events if e["event"] == "warm_fallback"], output[-3000:]
+    assert "(2 of 2 workers warm)" in output, output[-3000:]
+
+
+class _Handler:
+    """What WarmStart reads of torchrun's SubprocessHandler."""
+
+    def __init__(self, local_rank: int) -> None:
+        self.local_rank_id = local_rank
+        self._stdout = self._stderr = None
+
+
+def test_a_template_that_cannot_start_means_cold_starts_said_once_per_group(tmp_path, monkeypatch, capsys):
+    """A template that exits while importing: that group starts cold, with the reason in one line; after three
+    such templates in a row warm start is off for the job (said once), and torchrun spawns every worker."""
+    from jitckpt.launch import warm_start
+
+    monkeypatch.setattr(warm_start, "STANDBY_MODULE", "jitckpt.no_such_module")  # python -m exits with status 1
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    starter = warm_start.WarmStart(interpreter=sys.executable)
+    spawned = []
+
+    def spawn(handler, args, env):
+        spawned.append((handler.local_rank_id, args))
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+    try:
+        for group in range(4):
+            for local_rank in range(2):
+                env = {**os.environ, "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": str(local_rank)}
+                proc = starter.start_worker(_Handler(local_rank), (sys.executable, "-u", str(script)), env, spawn)
+                assert isinstance(proc, subprocess.Popen) and proc.wait(30) == 0
+            assert len(spawned) == 2 * (group + 1)
+    finally:
+        starter.close()
+    out = capsys.readouterr().err
+    cold = re.findall(r"warm restart: local ranks? ([\d, ]+) of 2 start cold: (.*)", out)
+    assert [ranks for ranks, _ in cold] == ["0, 1", "0, 1"], out  # groups 0 and 1 (group 2 turns it off)
+    assert all("exited with status 1 while importing torch" in why for _, why in cold), out
+    assert out.count("off for this job: 3 template interpreters in a row exited while importing torch") == 1, out
+    assert starter.disabled
+
+
+def test_a_worker_command_a_template_cannot_run_is_spawned_by_torchrun():
+    from jitckpt.launch import warm_start
+
+    assert "--no-python" in warm_start.parse_worker_command(("/bin/prog", "x"), sys.executable)
+    assert "-X" in warm_start.parse_worker_command((sys.executable, "-u", "-X", "dev"), sys.executable)

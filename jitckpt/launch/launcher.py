@@ -77,10 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                              f"[{config.ENV_INTERPOSE}, default %(default)s]")
     parser.add_argument("--warm-restart", choices=("on", "off"),
                         default=env(config.ENV_WARM_RESTART, config.DEFAULT_WARM_RESTART),
-                        help="on: keep one standby interpreter per local rank that has already imported torch, and "
-                             "let it become the replacement worker when torchrun restarts the workers (restarts skip "
-                             "Python start-up and `import torch`; idle standbys cost memory); off: torchrun spawns "
-                             f"fresh interpreters [{config.ENV_WARM_RESTART}, default %(default)s]")
+                        help="on: fork every worker of every (re)start from one template interpreter per node that "
+                             "has already imported torch (workers skip Python start-up and `import torch`); off: "
+                             f"torchrun spawns fresh interpreters [{config.ENV_WARM_RESTART}, default %(default)s]")
     parser.add_argument("--memory-tier", choices=config.MEMORY_TIER_MODES,
                         default=env(config.ENV_MEMORY_TIER, config.DEFAULT_MEMORY_TIER),
                         help="snapshot every rank's shard into host memory at the start of every minibatch, so that "

@@ -1,42 +1,42 @@
-"""Warm restart: replacement workers started ahead of time, so a restart skips Python start-up and ``import torch``.
+"""Warm start: every worker is forked from a template interpreter that has already imported torch.
 
-After a failure, most of the time until training resumes is spent starting
-fresh interpreters and importing torch in every one of them (DESIGN.md,
-decision 3).  jit-run's agent therefore keeps a pool of *standbys*, one per
-local rank: interpreters started with the job's environment that have
-imported torch, torch.distributed, torch.optim (with torch._dynamo, which the
-first optimizer imports) and jitckpt's worker hooks, and then wait on a
-socket (``jitckpt.worker.standby``).  torchrun itself is unchanged: its agent,
-rendezvous, restarts and teardown all run as before.  Only the place where
-its ``SubprocessHandler`` calls ``subprocess.Popen`` for a worker is patched:
+Most of a worker's start is Python start-up and ``import torch`` (with
+torch._dynamo, which the first optimizer imports): about 4 CPU-seconds each,
+so a restart waits for them, and on a small host a job's CPU goes mostly to
+them (DESIGN.md, decision 3).  jit-run's agent therefore starts, when torchrun
+first starts the workers (after torchrun has set ``OMP_NUM_THREADS`` and the
+rest of the workers' environment in its own), one *template*
+(``jitckpt.worker.standby``) with that environment.  The template imports
+``PRELOAD`` (torch, torch.distributed, torch.optim, torch._dynamo, jitckpt's
+worker hooks) and then only forks.  torchrun itself is unchanged: its agent,
+rendezvous, restarts and teardown all run as before.  Only the place where its
+``SubprocessHandler`` calls ``subprocess.Popen`` for a worker is patched:
 
-- if a ready standby matches, it receives that worker's command line,
-  environment, working directory and stdout/stderr descriptors, becomes the
-  worker (arming jitckpt, then running the script as ``__main__``), and its
-  ``Popen`` object is what torchrun gets;
-- otherwise torchrun spawns the worker itself, and the agent says why in
-  one line (no standby ready yet, a standby died, the command is not
-  ``python -u script`` or ``python -u -m module``, the environment changed).
+- the template forks twice and the intermediate process exits, so the
+  grandchild is adopted by the agent (``PR_SET_CHILD_SUBREAPER``): it is the
+  agent's own child, as torchrun's workers are; torchrun gets an
+  :class:`AdoptedWorker`, which it polls, waits for, and signals (SIGTERM, the
+  JIT save, then SIGKILL of its process group) like a ``Popen``, and jit-run
+  sees its state in ``/proc`` (a SIGSTOPped worker is killed at once);
+- the forked worker starts its own session, reseeds torch's and NumPy's
+  generators from the OS as a fresh interpreter does, receives the worker's
+  command line, environment, working directory and stdout/stderr descriptors,
+  and becomes the worker (arming jitckpt, then running the script as
+  ``__main__``);
+- if that cannot be done, torchrun spawns the worker itself, and the agent
+  says why in one line per group (the template did not start, the command is
+  not ``python -u script`` or ``python -u -m module``, a variable the template
+  read while importing differs for the rank).  A template that died, or whose
+  environment the agent changed, is replaced at the next (re)start; three that
+  exit while importing turn warm start off for the job.
 
-Standbys are started by the agent with ``subprocess.Popen`` in a new session,
-exactly like torchrun's workers, so a warm worker is the agent's own child:
-torchrun polls and reaps it, reads its exit code, signals its process group
-(SIGTERM, which the worker turns into a JIT save, then SIGKILL), and jit-run
-sees its state in ``/proc`` (a SIGSTOPped worker is killed at once).
-
-Why not fork workers from a process that has imported torch?  Forked
-children would be that process's children, not the agent's, so torchrun
-could not wait for them, and fork after torch has started threads is unsafe:
-``import torch`` alone starts an OpenMP thread unless OMP_NUM_THREADS=1, and a
-child forked after one parallel operation hung in its first one (torch
-2.13, tried here).  Standbys are fresh interpreters that never fork.
-
-The pool refills in the background once the workers have finished their
-first minibatch (or a minute after they started), and standbys still
-importing are paused while torchrun starts workers, so warming never
-competes with a (re)start.  A failure before the pool is
-ready restarts those ranks cold.  ``jit-run --warm-restart off``
-(``JITCKPT_WARM_RESTART=off``) turns all of this off.
+Forking is safe here because the template never runs an operation: ``import
+torch`` starts an OpenMP thread unless ``OMP_NUM_THREADS=1`` (torchrun's
+default), and a child forked after one parallel operation hung in its first
+one (torch 2.13, tried here), but children of a process that only imported
+torch run parallel operations normally (measured: 6 of 6, 2 and 4 threads).
+The template refuses to fork if importing initialised CUDA.  ``jit-run
+--warm-restart off`` (``JITCKPT_WARM_RESTART=off``) turns all of this off.
 """
 
 from __future__ import annotations
@@ -202,6 +202,8 @@ class WarmStart:
         self.cold: list[tuple[int, str]] = []  # (local rank, why) of this group's cold starts
         self._template: _Template | None = None
         self._failed_starts = 0
+        self._failed_group = -1  # the last group whose template did not start, and why
+        self._failed_why = ""
 
     # ----- called by torchrun's SubprocessHandler (agent main thread) --------------------
 
@@ -222,7 +224,10 @@ class WarmStart:
                 eventlog.record("warm_fallback", local_rank=local_rank, reason=why)
                 if not self.disabled:  # (disable() has said why, once)
                     self.cold.append((local_rank, why))
-        self.size = max(self.size, local_rank + 1)
+        try:
+            self.size = int(env.get("LOCAL_WORLD_SIZE", ""))
+        except ValueError:
+            self.size = max(self.size, local_rank + 1)
         if local_rank == self.size - 1 and self.cold:  # one line per group
             ranks = ", ".join(str(r) for r, _ in self.cold)
             reasons = "; ".join(dict.fromkeys(why for _, why in self.cold))
@@ -239,38 +244,48 @@ class WarmStart:
             self.disable(command)
             return None, command
         target, is_module, argv = command
-        template, why = self._ready_template(env)
-        if template is None:
-            return None, why
         job = {"argv": argv, "orig_argv": list(args), "env": env, "cwd": os.getcwd(), "module": is_module, "target": target}
         fds = [stdout.fileno() if stdout else 1, stderr.fileno() if stderr else 2]
-        worker_sock = None
-        try:
-            template.sock.settimeout(HANDOVER_TIMEOUT)
-            wire.send_message(template.sock, {"fork": True})
-            reply, received = wire.recv_message(template.sock, max_fds=1)
-            if not reply.get("forked") or len(received) != 1:
-                raise ValueError(f"unexpected reply {reply}")
-            worker_sock = socket.socket(fileno=received[0])
+        for _ in range(2):  # (a template that died since the last group: one more try, with a new one)
+            template, why = self._ready_template(env)
+            if template is None:
+                return None, why
+            try:
+                worker = self._fork(template, job, fds, list(args))
+            except (OSError, EOFError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as exc:
+                status = template.popen.poll()
+                self._lose_template(f"exited with status {status}" if status is not None
+                                    else f"failed to fork a worker ({type(exc).__name__}: {exc})")
+                why = f"the template (pid {template.popen.pid}) failed to fork a worker ({type(exc).__name__})"
+                if status is None:
+                    return None, why
+                continue
+            eventlog.record("warm_handover", local_rank=local_rank, worker_pid=worker.pid, template_pid=template.popen.pid)
+            return worker, ""
+        return None, why
+
+    @staticmethod
+    def _fork(template: _Template, job: dict[str, Any], fds: list[int], args: list[str]) -> AdoptedWorker:
+        """Ask the template for a worker interpreter and hand it ``job`` (raises if any of it fails)."""
+        template.sock.settimeout(HANDOVER_TIMEOUT)
+        wire.send_message(template.sock, {"fork": True})
+        reply, received = wire.recv_message(template.sock, max_fds=1)
+        if not reply.get("forked") or len(received) != 1:
+            raise ValueError(f"unexpected reply {reply}")
+        with socket.socket(fileno=received[0]) as worker_sock:
             worker_sock.settimeout(HANDOVER_TIMEOUT)
             hello, _ = wire.recv_message(worker_sock)
-            pid = int(hello["pid"])
-            worker = AdoptedWorker(pid, list(args))
-            wire.send_message(worker_sock, job, fds)
-            reply, _ = wire.recv_message(worker_sock)
-            if not reply.get("started"):
+            worker = AdoptedWorker(int(hello["pid"]), args)
+            try:
+                wire.send_message(worker_sock, job, fds)
+                reply, _ = wire.recv_message(worker_sock)
+                if not reply.get("started"):
+                    raise ValueError(f"unexpected reply {reply}")
+            except BaseException:
                 worker.kill()
                 worker.wait(5)
-                raise ValueError(f"unexpected reply {reply}")
-        except (OSError, EOFError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as exc:
-            pid = template.popen.pid
-            self._lose_template(f"failed to fork a worker ({type(exc).__name__}: {exc})")
-            return None, f"the template (pid {pid}) failed to fork a worker ({type(exc).__name__})"
-        finally:
-            if worker_sock is not None:
-                worker_sock.close()
-        eventlog.record("warm_handover", local_rank=local_rank, worker_pid=pid, template_pid=template.popen.pid)
-        return worker, ""
+                raise
+        return worker
 
     def disable(self, reason: str) -> None:
         """Stop forking workers (for the rest of the job) and say why, once."""
@@ -333,6 +348,8 @@ class WarmStart:
         if template is None:
             if self.disabled:
                 return None, self.disabled
+            if self._failed_group == self.generation:  # (one try per group: the rest of it starts cold)
+                return None, self._failed_why
             self.start_template()
             template = self._template
             if template is None:
@@ -343,10 +360,12 @@ class WarmStart:
                 message, _ = wire.recv_message(template.sock)
             except (OSError, EOFError, ValueError) as exc:
                 status = template.popen.poll()
+                self._failed_group = self.generation
+                self._failed_why = (f"the template interpreter exited with status {status} while importing torch"
+                                    if status is not None else
+                                    f"the template interpreter was not ready within {TEMPLATE_START_TIMEOUT:.0f}s")
                 self._lose_template(f"no ready message ({type(exc).__name__}: {exc})")
-                return None, (f"the template interpreter exited with status {status} while importing torch"
-                              if status is not None else f"the template interpreter was not ready within "
-                                                         f"{TEMPLATE_START_TIMEOUT:.0f}s")
+                return None, self.disabled or self._failed_why
             if not message.get("ready"):
                 why = str(message.get("error", "it was not ready"))
                 self.disable(f"the template interpreter cannot fork workers: {why}")

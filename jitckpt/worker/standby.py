@@ -1,17 +1,19 @@
-"""A pre-warmed standby interpreter that becomes one training worker when torchrun (re)starts its workers.
+"""The template interpreter, forked into every worker of a jit-run job (``jitckpt.launch.warm_start``).
 
-Restarting a job is mostly Python start-up and ``import torch`` (DESIGN.md,
-decision 3).  jit-run's agent (``jitckpt.launch.warm_start``) therefore keeps
-one standby per local rank, started ahead of time as
+A worker's start is mostly Python start-up and ``import torch`` (DESIGN.md,
+decision 3).  jit-run's agent therefore starts one template per node as
 
     python -u -m jitckpt.worker.standby --fd N --parent PID
 
-A standby imports torch and the modules every jit-run worker needs
-(``PRELOAD``), tells the agent it is ready and blocks on its socket.  When
-torchrun starts a worker, the agent sends the worker's command line,
-environment, working directory and stdout/stderr file descriptors instead of
-spawning a new interpreter, and the standby turns itself into that worker, in
-the order a fresh ``python -u script.py`` would:
+The template imports torch and the modules every jit-run worker needs
+(``PRELOAD``), tells the agent it is ready, and then serves ``fork`` requests
+on its socket: it forks an intermediate process that forks the worker and
+exits, so the agent (a subreaper) adopts the worker, and hands the agent a
+socket to it.  The worker waits until it is the agent's child, starts its own
+session, reseeds the generators a fresh interpreter seeds from the OS, and
+receives the worker's command line, environment, working directory and
+stdout/stderr file descriptors.  It turns itself into that worker in the order
+a fresh ``python -u script.py`` would:
 
 1. stdout/stderr become torchrun's (``dup2``: its redirects, ``--tee``, log
    files); the working directory and the environment become exactly the
@@ -22,22 +24,19 @@ the order a fresh ``python -u script.py`` would:
    ``-m``), and the script runs as a fresh ``__main__`` module with the
    globals, ``__file__`` and loader a fresh interpreter gives it (``-m``:
    ``runpy._run_module_as_main``, as Python does); an uncaught exception is
-   printed by ``sys.excepthook`` without the standby's frames, sets
+   printed by ``sys.excepthook`` without the template's frames, sets
    ``sys.last_*`` and exits with status 1; ``SystemExit`` and normal ends go
    through the interpreter's own shutdown, so atexit hooks and exit codes are
    those of a fresh worker.
 
-The process is the agent's own child (``subprocess.Popen``, a new session),
-so torchrun monitors, signals and reaps it like one it spawned.  Nothing
-draws random numbers between the imports and the script: torch (2.13) and
-Python's ``random`` seed their generators from the OS at import, in a fresh
-worker as in a standby, and a deterministic script seeds them itself.
-
-The preload records which environment variables it read (``os.environ``);
-the agent hands a standby only a worker whose environment agrees on those.
-A scan of the whole environment (tqdm, imported by torch._dynamo, looks for
-``TQDM_*``) sees only the variables the standby has, none of a worker's own;
-where that happened goes into the event log.  Nothing here runs on import.
+Nothing draws random numbers between the imports and the script, and the
+template runs no operation (a child forked after an OpenMP parallel region
+can hang in its first one).  The preload records which environment variables
+it read (``os.environ``); the agent hands the template only workers whose
+environment agrees on those.  A scan of the whole environment (tqdm, imported
+by torch._dynamo, looks for ``TQDM_*``) sees only the variables the template
+has, none of a worker's own; where that happened goes into the event log.
+Nothing here runs on import.
 """
 
 from __future__ import annotations
