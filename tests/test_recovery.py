@@ -25,6 +25,11 @@ MATRIX = [
     ("hang", "allreduce", 19),
     ("hang", "optimizer", 11),
     ("raise", "backward", 15),
+    # Minibatch 1, whose first forward is where DDP rebuilds its gradient buckets (the order of minibatch 0's
+    # backward): a save before that rebuild must still record the layout minibatch 1 all-reduces with.
+    ("kill", "forward", 1),
+    ("kill", "optimizer", 0),
+    ("hang", "backward", 1),
 ]
 
 

@@ -33,32 +33,76 @@ _pending_orders: list[list[int] | None] = []
 _constructed = 0
 
 
-def note_forward(ddp: Any) -> None:
+def note_forward(ddp: Any, after_rebuild: bool = False) -> None:
     """Called at each DDP forward until the module has rebuilt its buckets; then its layout is fixed.
 
-    The layout is read here, on the training thread, because at save time the
+    DDP rebuilds its buckets in the first forward after its first backward
+    that all-reduced (with ``no_sync`` gradient accumulation, after several
+    forwards).  ``after_rebuild``: called right after DDP's ``_pre_forward``,
+    where that rebuild happens; DDP's logging data, where the gradient-ready
+    order is read, is refreshed then (it is updated only at the start of a
+    forward that all-reduces, so a ``no_sync`` forward would see the old one).
+    The layout is read on the training thread, because at save time the
     reducer's lock may be held by a backward pass that is stuck in a dead
     collective.
     """
     if getattr(ddp, "_jitckpt_layout", None) is not None:
         return
-    probes = getattr(ddp, "_jitckpt_layout_probes", 0) + 1
-    ddp._jitckpt_layout_probes = probes
-    if probes > 8:  # DDP rebuilds after its first iteration or never (find_unused_parameters)
-        ddp._jitckpt_layout = {"rebuilt": False, "ready_order": []}
-        return
+    rebuilt = getattr(ddp, "_has_rebuilt_buckets", None)  # (DDP's own flag, set where it rebuilds)
+    if rebuilt is False:
+        return  # not yet, or never (find_unused_parameters): the recorded layout stays the initial one
+    if rebuilt is None:  # (a torch without the flag: DDP rebuilds after its first iteration or never)
+        probes = getattr(ddp, "_jitckpt_layout_probes", 0) + 1
+        ddp._jitckpt_layout_probes = probes
+        if probes > 8:
+            ddp._jitckpt_layout = {"rebuilt": False, "ready_order": []}
+            return
+    if after_rebuild:
+        try:
+            ddp.logger.set_runtime_stats_and_log()  # (telemetry only; in the first iterations it records every time)
+        except Exception:  # noqa: BLE001  (read below what is there)
+            pass
     data = ddp._get_ddp_logging_data()
     if data.get("has_rebuilt_buckets", 0):
         order_text = str(data.get("prev_iteration_grad_ready_order_indices", ""))
         ddp._jitckpt_layout = {"rebuilt": True, "ready_order": [int(x) for x in order_text.split(",") if x.strip()]}
 
 
+def note_backward_done() -> None:
+    """Before an optimizer step (on the training thread, the gradients all-reduced): for each DDP module that
+    has not rebuilt its buckets yet, the gradient-ready order it will rebuild them from at its next forward.
+
+    A JIT save before that forward describes the start of a minibatch that the
+    fault-free run all-reduces with the rebuilt layout, so the save records it
+    (``capture``) although the module has not rebuilt yet.
+    """
+    for ref in _instances:
+        ddp = ref()
+        if ddp is None or getattr(ddp, "_jitckpt_layout", None) is not None:
+            continue
+        if getattr(ddp, "_has_rebuilt_buckets", True):
+            continue  # (rebuilt, or a torch without the flag: note_forward's probes)
+        if getattr(ddp, "find_unused_parameters", False) and not getattr(ddp, "static_graph", False):
+            continue  # (DDP never rebuilds then)
+        try:
+            ddp.logger.set_runtime_stats_and_log()  # (telemetry only; in the first iterations it records every time)
+            order_text = str(ddp._get_ddp_logging_data().get("prev_iteration_grad_ready_order_indices", ""))
+        except Exception:  # noqa: BLE001  (no logger: the layout stays the one noted at the forwards)
+            continue
+        order = [int(x) for x in order_text.split(",") if x.strip()]
+        if order:
+            ddp._jitckpt_next_layout = {"rebuilt": True, "ready_order": order}
+
+
 def capture() -> list[dict[str, Any]]:
-    """The recorded layout of every DDP module, in construction order."""
+    """The layout of every DDP module, in construction order: the rebuilt one, or the one it will rebuild
+    at its next forward (``note_backward_done``), or the initial one."""
     layouts = []
     for ref in _instances:
         ddp = ref()
-        layout = getattr(ddp, "_jitckpt_layout", None) if ddp is not None else None
+        layout = None
+        if ddp is not None:
+            layout = getattr(ddp, "_jitckpt_layout", None) or getattr(ddp, "_jitckpt_next_layout", None)
         layouts.append(layout or {"rebuilt": False, "ready_order": []})
     return layouts
 
@@ -117,10 +161,13 @@ def install(before_construct: Callable[[], None]) -> None:
         index = _constructed
         _constructed += 1
         state["order"] = _pending_orders[index] if index < len(_pending_orders) else None
+        imposed = state["order"]
         try:
             original_init(self, *args, **kwargs)
         finally:
             state["order"] = None
+        if imposed:  # (built with the rebuilt layout: a save before its own rebuild records that one)
+            self._jitckpt_next_layout = {"rebuilt": True, "ready_order": list(imposed)}
         _instances.append(weakref.ref(self))
 
     def assign(tensors: list, limits: list, *args: Any, **kwargs: Any) -> Any:

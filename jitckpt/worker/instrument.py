@@ -685,6 +685,15 @@ def _patch_ddp(runtime: JitRuntime) -> None:
         ddp_layout.note_forward(self)
         return original_forward(self, *inputs, **kwargs)
 
+    original_pre_forward = getattr(DDP, "_pre_forward", None)
+    if original_pre_forward is not None:
+        def pre_forward(self: DDP, *inputs: Any, **kwargs: Any) -> Any:
+            result = original_pre_forward(self, *inputs, **kwargs)
+            ddp_layout.note_forward(self, after_rebuild=True)  # (DDP rebuilds its buckets in there)
+            return result
+
+        DDP._pre_forward = pre_forward
+
     original_buffer_broadcast = DDP._distributed_broadcast_coalesced
 
     def distributed_broadcast_coalesced(self: DDP, tensors: Any, buffer_size: Any, authoritative_rank: int = 0) -> None:

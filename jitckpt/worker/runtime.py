@@ -36,7 +36,7 @@ from jitckpt.jit_event import JitReason
 from jitckpt.store import CheckpointInfo, CheckpointStore, DiskStore, ParallelCoordinates
 from jitckpt.store.tiered import TieredStore
 from jitckpt.store.memory import peer_copies
-from jitckpt.worker import data_position, minibatch, module_buffers, private_rng, rng_state, save, sharding, shutdown, stash
+from jitckpt.worker import data_position, ddp_layout, minibatch, module_buffers, private_rng, rng_state, save, sharding, shutdown, stash
 from jitckpt.worker.memory_snapshots import MemorySnapshots
 from jitckpt.worker.console import log, short_error
 
@@ -245,6 +245,7 @@ class JitRuntime:
         self.taken_batches.minibatch_committed(collective=False)
         self.close_own_generators_window()
         self.wait_for_gradient_collectives()
+        ddp_layout.note_backward_done()
         if self.pending_rng is not None:
             self.minibatch_starts()
         phase = self.optimizer_phase
