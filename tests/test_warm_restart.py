@@ -364,3 +364,40 @@ def test_a_worker_command_a_template_cannot_run_is_spawned_by_torchrun():
 
     assert "--no-python" in warm_start.parse_worker_command(("/bin/prog", "x"), sys.executable)
     assert "-X" in warm_start.parse_worker_command((sys.executable, "-u", "-X", "dev"), sys.executable)
+
+
+ORPHANS = textwrap.dedent(
+    '''
+    """As jit-run's agent: a subreaper whose forked worker (own session) dies and leaves an orphan behind."""
+    import json, os, subprocess, sys, time
+    from jitckpt.launch import warm_start
+
+    assert warm_start._become_subreaper() is None
+    worker = os.fork()
+    if worker == 0:  # a worker in its own session, with a child of its own (a DataLoader worker, say)
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(0.3)  # outlives the worker, then exits: the agent's orphan
+            os._exit(0)
+        os._exit(0)
+    os.waitpid(worker, 0)
+    same_session = subprocess.Popen([sys.executable, "-c", "pass"])  # what the agent's own code waits for
+    known = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)  # a worker torchrun waits for
+    time.sleep(1.0)
+    zombies = sorted(p for p in map(int, open(f"/proc/self/task/{os.getpid()}/children").read().split()))
+    reaped = warm_start.reap_orphans({known.pid})
+    print(json.dumps({"zombies": zombies, "reaped": reaped, "same_session": same_session.pid, "known": known.pid,
+                      "waited": [same_session.wait(), known.wait()]}))
+    '''
+)
+
+
+def test_the_agent_reaps_the_orphans_it_adopts_and_nothing_it_started(tmp_path):
+    (tmp_path / "orphans.py").write_text(ORPHANS)
+    proc = subprocess.run([sys.executable, str(tmp_path / "orphans.py")], env=job_env(), capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    (orphan,) = set(result["zombies"]) - {result["same_session"], result["known"]}
+    assert result["reaped"] == [orphan], result
+    assert result["waited"] == [0, 0], result  # their owners still read their exit status

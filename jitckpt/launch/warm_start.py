@@ -17,7 +17,9 @@ rendezvous, restarts and teardown all run as before.  Only the place where its
   agent's own child, as torchrun's workers are; torchrun gets an
   :class:`AdoptedWorker`, which it polls, waits for, and signals (SIGTERM, the
   JIT save, then SIGKILL of its process group) like a ``Popen``, and jit-run
-  sees its state in ``/proc`` (a SIGSTOPped worker is killed at once);
+  sees its state in ``/proc`` (a SIGSTOPped worker is killed at once); the
+  orphans a dead worker leaves (its DataLoader workers) are adopted too, and
+  reaped at each restart (:func:`reap_orphans`);
 - the forked worker starts its own session, reseeds torch's and NumPy's
   generators from the OS as a fresh interpreter does, receives the worker's
   command line, environment, working directory and stdout/stderr descriptors,
@@ -202,6 +204,7 @@ class WarmStart:
         self.cold: list[tuple[int, str]] = []  # (local rank, why) of this group's cold starts
         self._template: _Template | None = None
         self._failed_starts = 0
+        self._known: set[int] = set()  # the pids of this agent's workers and templates (their owners reap them)
         self._failed_group = -1  # the last group whose template did not start, and why
         self._failed_why = ""
 
@@ -213,6 +216,7 @@ class WarmStart:
         if local_rank == 0:
             self.generation += 1
             self.cold = []
+            reap_orphans(self._known)
         proc = None
         if not self.disabled:
             try:
@@ -234,6 +238,7 @@ class WarmStart:
             say(f"local rank{'s' if len(self.cold) > 1 else ''} {ranks} of {self.size} start cold: {reasons}")
         if proc is None:
             proc = spawn(handler, args, env)
+        self._known.add(proc.pid)
         return proc
 
     def launch(self, args: tuple[str, ...], env: dict[str, str], stdout: IO | None, stderr: IO | None,
@@ -317,6 +322,7 @@ class WarmStart:
             return
         finally:
             theirs.close()
+        self._known.add(popen.pid)
         self._template = _Template(popen, ours, env)
 
     def _lose_template(self, why: str) -> None:
@@ -388,6 +394,39 @@ _pool: WarmStart | None = None
 def _close_pool() -> None:
     if _pool is not None:
         _pool.close()
+
+
+def reap_orphans(known: set[int]) -> list[int]:
+    """Reap the exited orphans this agent adopted as a subreaper (a dead worker's DataLoader workers, say):
+    children that are zombies, not among ``known``, and of another session than the agent's (so never a
+    process some code of the agent started and will wait for).  Returns their pids."""
+    reaped = []
+    own_session = os.getsid(0)
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return reaped
+    children: set[int] = set()
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                children.update(int(pid) for pid in f.read().split())
+        except (OSError, ValueError):
+            continue
+    for pid in sorted(children - known):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            state, session = fields[0], int(fields[3])
+        except (OSError, IndexError, ValueError):
+            continue
+        if state == "Z" and session != own_session:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped.append(pid)
+            except ChildProcessError:
+                pass
+    return reaped
 
 
 def _become_subreaper() -> str | None:
