@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -39,6 +40,7 @@ class Run:
     events: list[dict[str, Any]]
     log_dir: Path
     started_at: float = 0.0  # time.time() at launch
+    cpu_seconds: float = 0.0  # user + system CPU of the job and every process of it that was reaped
 
     @property
     def ended_at(self) -> float:
@@ -114,6 +116,7 @@ def run_job(name: str, cmd: list[str], log_dir: Path, timeout: float = 900.0, cw
     out_path, err_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
     (log_dir / f"{name}.cmd").write_text(" ".join(cmd) + "\n")
     started_at, started = time.time(), time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)  # (jobs run one at a time)
     with open(out_path, "w") as out, open(err_path, "w") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=job_env(), cwd=cwd or REPO, start_new_session=True)
         try:
@@ -123,7 +126,9 @@ def run_job(name: str, cmd: list[str], log_dir: Path, timeout: float = 900.0, cw
             proc.wait()
             code = -9
     wall = time.perf_counter() - started
-    return Run(name, cmd, code, wall, parse_events(out_path.read_text(errors="replace")), log_dir, started_at)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return Run(name, cmd, code, wall, parse_events(out_path.read_text(errors="replace")), log_dir, started_at, cpu)
 
 
 def require_ok(run: Run) -> Run:

@@ -1,20 +1,21 @@
-"""Restart time with and without warm restart: failure until the first redone minibatch is done, side by side.
+"""Restart time and job CPU with and without warm start: failure until the first redone minibatch is done, side by side.
 
 The demo job (``examples/train_mlp.py``, 4 gloo ranks) under jit-run loses
 rank 2 (SIGKILL in the backward pass of minibatch ``--fail-step``), and
 torchrun restarts the workers:
 
-- ``warm``: ``jit-run --warm-restart on``: the restarted workers are standby
-  interpreters that imported torch before the failure (``jitckpt.launch.warm_start``);
+- ``warm``: ``jit-run --warm-restart on``: every worker is forked from the
+  agent's template interpreter, which imported torch once
+  (``jitckpt.launch.warm_start``);
 - ``cold``: ``jit-run --warm-restart off``: torchrun spawns fresh interpreters.
 
 Measured per run, from jit-run's own recovery report: ``restart`` (the last
 JIT save until the restarted workers' jitckpt runtimes exist) plus
 ``resume`` (until the first redone minibatch is done), the figure warm
 restart is meant to cut; also detect + save, and how many restarted workers
-were warm.  The job sleeps ``--step-sleep`` per step so that the standbys are
-ready before the failure (they start warming after the first minibatch); a
-failure earlier than that restarts cold.  The variants alternate (warm, cold,
+were warm, and the CPU seconds of the whole job (every process of it).  The
+job sleeps ``--step-sleep`` per step (in the earlier design the standbys
+started warming after the first minibatch).  The variants alternate (warm, cold,
 cold, warm, ...) ``--pairs`` times, and the ratio cold/warm is taken per pair.
 Every run's final parameters must be the same (bit-exact recovery either way).
 
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-step", type=int, default=200,
                    help="minibatch in whose backward pass rank 2 is killed (default %(default)s)")
     p.add_argument("--step-sleep", type=float, default=0.1,
-                   help="extra seconds per step, so that the standbys are ready before the failure (default %(default)s)")
+                   help="extra seconds per step (default %(default)s)")
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--log-dir", type=Path, help="keep job logs here (default: a new temporary directory)")
     p.add_argument("--json", type=Path, help="also write the raw per-run figures here")
@@ -88,7 +89,7 @@ def measure(variant: str, pair: int, args: argparse.Namespace, log_dir: Path) ->
         "restart_resume_seconds": f["restart_seconds"] + f["resume_seconds"],
         "detect_save_seconds": (f["detect_seconds"] or 0.0) + (f["save_wall_seconds"] or 0.0),
         "warm_workers": len(f.get("warm_ranks", [])), "restarted_workers": f.get("restarted_ranks"),
-        "redone": f["minibatches_redone"], "sha256": sha[-1] if sha else None,
+        "redone": f["minibatches_redone"], "sha256": sha[-1] if sha else None, "cpu_seconds": run.cpu_seconds,
     }
 
 
@@ -102,17 +103,23 @@ def tables(results: list[dict[str, Any]]) -> str:
         rows.append([variant, len(rs), spread([r["restart_resume_seconds"] for r in rs]),
                      spread([r["restart_seconds"] for r in rs]), spread([r["resume_seconds"] for r in rs]),
                      spread([r["detect_save_seconds"] for r in rs]), ", ".join(warm),
-                     spread([r["wall_seconds"] for r in rs], "{:.1f}")])
+                     spread([r["wall_seconds"] for r in rs], "{:.1f}"),
+                     spread([r.get("cpu_seconds", 0.0) for r in rs], "{:.1f}")])
     out = [table(["variant", "runs", "restart + resume s (median [min, max])", "restart s", "resume s",
-                  "detect + save s", "warm workers", "job wall s"], rows)]
+                  "detect + save s", "warm workers", "job wall s", "job CPU s"], rows)]
     by_pair: dict[int, dict[str, float]] = {}
     for r in results:
         by_pair.setdefault(r["pair"], {})[r["variant"]] = r["restart_resume_seconds"]
     ratios = [p["cold"] / p["warm"] for p in by_pair.values() if "cold" in p and "warm" in p]
+    cpu_by_pair: dict[int, dict[str, float]] = {}
+    for r in results:
+        cpu_by_pair.setdefault(r["pair"], {})[r["variant"]] = r.get("cpu_seconds", 0.0)
+    cpu_ratios = [p["cold"] / p["warm"] for p in cpu_by_pair.values() if p.get("warm") and "cold" in p]
     if ratios:
         out.append("")
-        out.append(table(["per-pair ratio cold / warm of restart + resume", "pairs", "median [min, max]"],
-                         [[", ".join(f"{x:.2f}" for x in ratios), len(ratios), spread(ratios)]]))
+        out.append(table(["per-pair ratio cold / warm", "of", "pairs", "median [min, max]"],
+                         [[", ".join(f"{x:.2f}" for x in ratios), "restart + resume", len(ratios), spread(ratios)],
+                          [", ".join(f"{x:.2f}" for x in cpu_ratios), "job CPU", len(cpu_ratios), spread(cpu_ratios)]]))
     shas = {r["sha256"] for r in results}
     out.append("")
     out.append(f"final parameters: {'all ' + str(len(results)) + ' runs identical' if len(shas) == 1 and None not in shas else 'DIFFER: ' + str(sorted(map(str, shas)))}")

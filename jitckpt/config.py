@@ -50,7 +50,7 @@ ENV_RENDEZVOUS_ROUND = "JITCKPT_RENDEZVOUS_ROUND"
 # restart caused by another node leaving or joining the rendezvous.
 ENV_WORKER_GENERATION = "JITCKPT_WORKER_GENERATION"
 ENV_INTERPOSE = "JITCKPT_INTERPOSE"
-# "on"/"off": restarted workers come from standby interpreters that have already imported torch (jitckpt.launch.warm_start).
+# "on"/"off": workers are forked from a template interpreter that has already imported torch (jitckpt.launch.warm_start).
 ENV_WARM_RESTART = "JITCKPT_WARM_RESTART"
 ENV_TP_SIZE = "JITCKPT_TP_SIZE"
 ENV_PP_SIZE = "JITCKPT_PP_SIZE"

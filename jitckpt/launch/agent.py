@@ -206,7 +206,7 @@ def main(argv: list[str]) -> int:
     patch_agent()
     from jitckpt.launch import warm_start
 
-    warm_start.install()  # restarted workers come from pre-warmed standbys (--warm-restart)
+    warm_start.install()  # workers are forked from a template that imported torch (--warm-restart)
     os.environ[config.ENV_ACTIVE] = "1"  # workers inherit it; this process stays inactive
     from torch.distributed.run import main as torchrun_main
 

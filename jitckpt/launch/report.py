@@ -75,7 +75,7 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
     resumed_at = max((e["time"] for e in first_steps), default=None)
     resumed_step = min((e["step"] for e in resumed), default=None)
     fresh = bool(_of(records, "fresh_start", attempt + 1))
-    warm = _of(records, "warm_start", attempt + 1)  # restarted from a pre-warmed standby (jitckpt.launch.warm_start)
+    warm = _of(records, "warm_start", attempt + 1)  # restarted from the template (jitckpt.launch.warm_start)
 
     furthest = max([d["step"] for d in detections] + [e["step"] for e in injected], default=None)
     if furthest is not None and resumed_step is not None:

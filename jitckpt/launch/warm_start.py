@@ -63,7 +63,7 @@ from jitckpt.worker import standby as wire
 
 STANDBY_MODULE = "jitckpt.worker.standby"
 # jit-run's agent changes these in its own environment at every (re)start; a
-# standby never has the first (it must not arm) and reads none of them at import.
+# template never has the first (it must not arm) and reads none of them at import.
 AGENT_PER_ATTEMPT = frozenset({config.ENV_ACTIVE, config.ENV_WORKER_GENERATION, config.ENV_RENDEZVOUS_ROUND})
 HANDOVER_TIMEOUT = 10.0
 # How long a (re)start waits for a template that is still importing torch (a cold start takes as long).
@@ -82,7 +82,7 @@ def enabled() -> bool:
 
 def parse_worker_command(args: tuple[str, ...] | list[str], interpreter: str) -> tuple[str, bool, list[str]] | str:
     """``(target, is_module, sys.argv)`` of torchrun's ``[python, -u, script | -m module, args...]``,
-    or why a standby cannot run it."""
+    or why a forked worker cannot run it."""
     if not args or os.path.realpath(args[0]) != os.path.realpath(interpreter):
         return "the workers are not started as `python -u script` (torchrun --no-python, or another interpreter)"
     if len(args) < 3 or args[1] != "-u":
@@ -444,7 +444,8 @@ def _become_subreaper() -> str | None:
 
 
 def install() -> None:
-    """Patch torchrun's ``SubprocessHandler._popen`` to take workers from a standby pool (unless turned off)."""
+    """Patch torchrun's ``SubprocessHandler._popen`` to fork workers from a template (unless turned off), and
+    make this process a subreaper, which adopts them."""
     if not enabled():
         return
     try:

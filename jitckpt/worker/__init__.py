@@ -22,7 +22,7 @@
   ``memory_peers``: in a multi-node job, a copy of each snapshot (or XOR or
   Reed-Solomon parities of groups of them) in other hosts' memory tiers,
   handed over to the shared file system at a JIT event;
-- ``standby``: a pre-warmed interpreter that becomes a worker on a warm restart;
+- ``standby``: the template interpreter (torch imported) that every worker is forked from;
 - ``shutdown``: a clean end of a finished script;
 - ``console``: what a worker prints.
 
