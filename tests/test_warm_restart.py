@@ -39,6 +39,7 @@ PROBE = textwrap.dedent(
     MODE "kill-template": in attempt 0 rank 0 kills the template before failing, attempt 1 ends cleanly.
     """
     import json, os, pickle, re, signal, sys, threading, time, warnings
+    os.environ["OMP_NUM_THREADS"] = "2"  # too late under jit-run, forked or not: its bootstrap imported torch
     import torch
 
     started_globals = sorted((k, type(v).__name__) for k, v in dict(globals()).items())

@@ -117,6 +117,9 @@ def patch_agent() -> None:
 
     def monitor(self: Any, worker_group: Any) -> Any:
         result = original_monitor(self, worker_group)
+        from jitckpt.launch import warm_start
+
+        warm_start.reap_now_and_then()  # (the orphans this agent adopts as a subreaper)
         if result.failures:
             seen = self.__dict__.setdefault("_jitckpt_reported", set())
             for rank, failure in result.failures.items():

@@ -111,6 +111,11 @@ def _environ_snapshot() -> dict[str, str]:
             continue
 
 
+def _is_signal(exc: BaseException) -> bool:
+    """True for torchrun's ``SignalException`` (its SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers raise it)."""
+    return any(cls.__name__ == "SignalException" for cls in type(exc).__mro__)
+
+
 class AdoptedWorker:
     """A worker the template forked and the agent adopted (a subreaper): what torchrun needs of a ``Popen``
     (``pid``, ``args``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``),
@@ -127,7 +132,7 @@ class AdoptedWorker:
             if self.returncode is None:
                 try:
                     pid, status = os.waitpid(self.pid, flags)
-                except ChildProcessError:  # (reaped elsewhere: its status is lost)
+                except ChildProcessError:  # (reaped elsewhere: its status is lost; Popen says 0, a failure is safer)
                     self.returncode = 255
                 else:
                     if pid == self.pid:
@@ -135,6 +140,9 @@ class AdoptedWorker:
             return self.returncode
 
     def poll(self) -> int | None:
+        if not self._lock.acquire(blocking=False):
+            return None  # (another thread is waiting for it, as Popen.poll() answers then)
+        self._lock.release()
         return self._reap(os.WNOHANG)
 
     def wait(self, timeout: float | None = None) -> int:
@@ -204,7 +212,8 @@ class WarmStart:
         self.cold: list[tuple[int, str]] = []  # (local rank, why) of this group's cold starts
         self._template: _Template | None = None
         self._failed_starts = 0
-        self._known: set[int] = set()  # the pids of this agent's workers and templates (their owners reap them)
+        self._known: dict[int, Any] = {}  # this agent's workers and templates (their owners reap them), by pid
+        self._reaped_at = 0.0
         self._failed_group = -1  # the last group whose template did not start, and why
         self._failed_why = ""
 
@@ -216,12 +225,15 @@ class WarmStart:
         if local_rank == 0:
             self.generation += 1
             self.cold = []
-            reap_orphans(self._known)
+            self.reap()
         proc = None
         if not self.disabled:
             try:
                 proc, why = self.launch(args, env, handler._stdout, handler._stderr, local_rank)
             except Exception as exc:  # (another torch's SubprocessHandler, a bug): never worse than cold
+                if _is_signal(exc):  # torchrun's SIGTERM/SIGINT (a preemption): its to handle, never swallowed
+                    self._lose_template("interrupted by a signal while starting a worker", failed=False)
+                    raise
                 self.disable(f"internal error {type(exc).__name__}: {exc}")
                 proc, why = None, str(exc)
             if proc is None:
@@ -238,7 +250,7 @@ class WarmStart:
             say(f"local rank{'s' if len(self.cold) > 1 else ''} {ranks} of {self.size} start cold: {reasons}")
         if proc is None:
             proc = spawn(handler, args, env)
-        self._known.add(proc.pid)
+        self._known[proc.pid] = proc
         return proc
 
     def launch(self, args: tuple[str, ...], env: dict[str, str], stdout: IO | None, stderr: IO | None,
@@ -260,9 +272,10 @@ class WarmStart:
             except (OSError, EOFError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as exc:
                 status = template.popen.poll()
                 self._lose_template(f"exited with status {status}" if status is not None
-                                    else f"failed to fork a worker ({type(exc).__name__}: {exc})")
+                                    else f"failed to fork a worker ({type(exc).__name__}: {exc})", failed=False)
                 why = f"the template (pid {template.popen.pid}) failed to fork a worker ({type(exc).__name__})"
-                if status is None:
+                if status is None:  # (alive but out of step: the rest of this group starts cold, the next gets a new one)
+                    self._failed_group, self._failed_why = self.generation, why
                     return None, why
                 continue
             eventlog.record("warm_handover", local_rank=local_rank, worker_pid=worker.pid, template_pid=template.popen.pid)
@@ -291,6 +304,17 @@ class WarmStart:
                 worker.wait(5)
                 raise
         return worker
+
+    def reap(self, every: float = 0.0) -> None:
+        """Reap the orphans this agent adopted (at most once per ``every`` seconds); forget the workers and
+        templates their owners have reaped."""
+        now = time.monotonic()
+        if now - self._reaped_at < every:
+            return
+        self._reaped_at = now
+        for pid in [pid for pid, proc in self._known.items() if getattr(proc, "returncode", None) is not None]:
+            del self._known[pid]
+        reap_orphans(set(self._known))
 
     def disable(self, reason: str) -> None:
         """Stop forking workers (for the rest of the job) and say why, once."""
@@ -322,16 +346,17 @@ class WarmStart:
             return
         finally:
             theirs.close()
-        self._known.add(popen.pid)
+        self._known[popen.pid] = popen
         self._template = _Template(popen, ours, env)
 
-    def _lose_template(self, why: str) -> None:
+    def _lose_template(self, why: str, failed: bool = True) -> None:
+        """Discard the template; ``failed``: it did not start (three in a row turn warm start off)."""
         template, self._template = self._template, None
         if template is None:
             return
         template.discard()
         eventlog.record("template_lost", template_pid=template.popen.pid, error=why)
-        if not template.ready:
+        if failed and not template.ready:
             self._failed_starts += 1
             if self._failed_starts >= MAX_FAILED_STARTS:
                 self.disable(f"{MAX_FAILED_STARTS} template interpreters in a row exited while importing torch "
@@ -365,11 +390,18 @@ class WarmStart:
                 template.sock.settimeout(TEMPLATE_START_TIMEOUT)
                 message, _ = wire.recv_message(template.sock)
             except (OSError, EOFError, ValueError) as exc:
-                status = template.popen.poll()
+                status = None
+                if not isinstance(exc, TimeoutError):  # (it closed its socket: it is exiting)
+                    try:
+                        status = template.popen.wait(5)
+                    except subprocess.TimeoutExpired:
+                        pass
                 self._failed_group = self.generation
                 self._failed_why = (f"the template interpreter exited with status {status} while importing torch"
                                     if status is not None else
-                                    f"the template interpreter was not ready within {TEMPLATE_START_TIMEOUT:.0f}s")
+                                    f"the template interpreter was not ready within {TEMPLATE_START_TIMEOUT:.0f}s"
+                                    if isinstance(exc, TimeoutError) else
+                                    f"the template interpreter broke off while importing torch ({type(exc).__name__})")
                 self._lose_template(f"no ready message ({type(exc).__name__}: {exc})")
                 return None, self.disabled or self._failed_why
             if not message.get("ready"):
@@ -389,6 +421,14 @@ class WarmStart:
 
 
 _pool: WarmStart | None = None
+REAP_EVERY_SECONDS = 5.0
+
+
+def reap_now_and_then() -> None:
+    """Called from torchrun's monitor loop: reap adopted orphans every few seconds (a script that starts
+    background processes leaves them to the agent, a subreaper)."""
+    if _pool is not None:
+        _pool.reap(every=REAP_EVERY_SECONDS)
 
 
 def _close_pool() -> None:

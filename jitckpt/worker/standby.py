@@ -49,6 +49,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import types
 from typing import Any
@@ -304,13 +305,17 @@ def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle
 
 def _reseed_after_fork() -> None:
     """Give a forked worker the fresh random state a fresh interpreter has: torch (2.13) seeds its CPU
-    generator, and numpy its global one, from the OS at import; Python's ``random`` reseeds itself at fork."""
+    generator, and numpy its global one, from the OS at import, and multiprocessing draws its authentication
+    key; Python's ``random`` reseeds itself at fork."""
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "default_generator"):
         torch.default_generator.seed()
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None and hasattr(numpy_random, "seed"):
         numpy_random.seed()
+    mp_process = sys.modules.get("multiprocessing.process")
+    if mp_process is not None:
+        mp_process.current_process().authkey = os.urandom(32)
 
 
 def _forked_worker(sock: socket.socket, agent: int) -> None:
@@ -367,6 +372,10 @@ def serve_as_template(sock: socket.socket) -> socket.socket:
         except (EOFError, OSError, ValueError):
             os._exit(0)
         if message.get("fork"):
+            if threading.active_count() > 1:  # (a thread of the preload: forking now could copy a held lock)
+                names = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())
+                send_message(sock, {"forked": False, "error": f"the template runs threads {names}"})
+                continue
             worker = _fork_worker(sock)
             if worker is not None:
                 return worker
