@@ -4,9 +4,10 @@
 #
 # Two passes (tests/conftest.py, "running the suite in parallel"):
 #   1. every test not marked `serial`, on $JITCKPT_TEST_WORKERS pytest-xdist
-#      workers (default: one more than the cores, at least 3; the run is CPU-bound
-#      -- ~80% of a job's CPU is its processes' `import torch` -- so more cores
-#      make it faster in proportion, and the extra worker covers tests' waits);
+#      workers (default: twice the cores plus one, at least 5: since workers are
+#      forked from one template per job, a job's CPU is mostly its agent's and
+#      its template's `import torch`, and much of a test is waiting -- hang
+#      timeouts, step sleeps -- which the extra workers fill);
 #   2. the `serial` tests (they time things or need the machine to themselves),
 #      alone, one at a time.
 # Both passes share one directory for what is computed once per run (the
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=${PYTHON:-python3}
 cores=$(nproc 2>/dev/null || echo 2)
-WORKERS=${JITCKPT_TEST_WORKERS:-$(( cores + 1 > 3 ? cores + 1 : 3 ))}
+WORKERS=${JITCKPT_TEST_WORKERS:-$(( 2 * cores + 1 > 5 ? 2 * cores + 1 : 5 ))}
 
 # The run's shared directory (a short path: the workers' tmp_path is under it, and some
 # tests place Unix sockets there); kept when a test failed, for the post-mortem.
