@@ -402,3 +402,31 @@ def test_the_agent_reaps_the_orphans_it_adopts_and_nothing_it_started(tmp_path):
     (orphan,) = set(result["zombies"]) - {result["same_session"], result["known"]}
     assert result["reaped"] == [orphan], result
     assert result["waited"] == [0, 0], result  # their owners still read their exit status
+
+
+CUDA_TOUCHED = textwrap.dedent(
+    """
+    import mmap, os, sys
+    import torch
+    from jitckpt.worker.standby import cuda_touched
+
+    print(cuda_touched())  # torch imported, no CUDA driver anywhere: None
+    with open(sys.argv[1], "rb") as f:  # a file named like the driver library, mapped as a loader maps it
+        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        print(cuda_touched())
+    """
+)
+
+
+def test_a_template_that_touched_the_cuda_driver_never_forks(tmp_path):
+    """A worker forked after the CUDA driver was loaded could not use CUDA: the template checks that importing
+    torch did not load it (a stand-in file named like the driver library here: no GPU on this machine)."""
+    (tmp_path / "probe.py").write_text(CUDA_TOUCHED)
+    fake = tmp_path / "libcuda.so.1"
+    fake.write_bytes(b"\0" * 4096)
+    proc = subprocess.run([sys.executable, str(tmp_path / "probe.py"), str(fake)], env=job_env(), capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    clean, touched = proc.stdout.splitlines()
+    assert clean == "None"
+    assert touched == f"loaded the CUDA driver ({fake})", proc.stdout

@@ -37,7 +37,8 @@ torch`` starts an OpenMP thread unless ``OMP_NUM_THREADS=1`` (torchrun's
 default), and a child forked after one parallel operation hung in its first
 one (torch 2.13, tried here), but children of a process that only imported
 torch run parallel operations normally (measured: 6 of 6, 2 and 4 threads).
-The template refuses to fork if importing initialised CUDA.  ``jit-run
+The template refuses to fork if importing touched the CUDA driver
+(``standby.cuda_touched``: a child forked after that cannot use CUDA).  ``jit-run
 --warm-restart off`` (``JITCKPT_WARM_RESTART=off``) turns all of this off.
 """
 

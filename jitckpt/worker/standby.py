@@ -303,6 +303,30 @@ def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle
         _run_script(job["target"], main)
 
 
+def cuda_touched() -> str | None:
+    """Whether this process has touched the CUDA driver (then a forked child cannot use CUDA): torch's
+    lazy CUDA initialisation, the driver library mapped, or an NVIDIA device open.  Says which, or None."""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "initialised CUDA"
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip() if line.count(" ") >= 5 else ""
+                if os.path.basename(path).startswith("libcuda.so"):
+                    return f"loaded the CUDA driver ({path})"
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("/dev/nvidia"):
+                return f"opened {target}"
+    except OSError:
+        pass
+    return None
+
+
 def _reseed_after_fork() -> None:
     """Give a forked worker the fresh random state a fresh interpreter has: torch (2.13) seeds its CPU
     generator, and numpy its global one, from the OS at import, and multiprocessing draws its authentication
@@ -396,10 +420,10 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(0)
     started = time.monotonic()
     env_read, env_scanned_by = _preload()
-    cuda = sys.modules.get("torch.cuda")
-    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
-        # (a forked child of a process with a CUDA context cannot use CUDA: never fork then)
-        send_message(sock, {"ready": False, "error": "importing torch initialised CUDA"})
+    touched = cuda_touched()
+    if touched:  # (a child forked after the CUDA driver was initialised cannot use CUDA: never fork then)
+        send_message(sock, {"ready": False, "error": f"importing torch {touched}, and a worker forked after "
+                                                     f"that could not use CUDA"})
         os._exit(0)
     try:
         send_message(sock, {"ready": True, "pid": os.getpid(), "seconds": round(time.monotonic() - started, 3),
