@@ -123,8 +123,15 @@ PROBE = textwrap.dedent(
             opt.step()
             if rank == 0 and mode == "kill-template":
                 events = os.path.join(os.environ["JITCKPT_RUN_DIR"], "events")
-                (ready,) = [json.loads(line) for n in os.listdir(events) for line in open(os.path.join(events, n))
-                            if '"template_ready"' in line]
+
+                def logged(event):
+                    return [json.loads(line) for n in os.listdir(events) for line in open(os.path.join(events, n))
+                            if f'"{event}"' in line]
+
+                deadline = time.time() + 120  # (every worker of this attempt forked before the template dies)
+                while len(logged("warm_handover")) < int(os.environ["LOCAL_WORLD_SIZE"]) and time.time() < deadline:
+                    time.sleep(0.05)
+                (ready,) = logged("template_ready")
                 os.kill(ready["template_pid"], signal.SIGKILL)
             if rank == 0:
                 sys.exit(3)

@@ -272,6 +272,11 @@ class WarmStart:
                 worker = self._fork(template, job, fds, list(args))
             except (OSError, EOFError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as exc:
                 status = template.popen.poll()
+                if status is None and isinstance(exc, EOFError):  # (it closed its socket: it is exiting)
+                    try:
+                        status = template.popen.wait(2)
+                    except subprocess.TimeoutExpired:
+                        pass
                 self._lose_template(f"exited with status {status}" if status is not None
                                     else f"failed to fork a worker ({type(exc).__name__}: {exc})", failed=False)
                 why = f"the template (pid {template.popen.pid}) failed to fork a worker ({type(exc).__name__})"
