@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -55,7 +54,6 @@ import threading
 import time
 import zipfile
 from importlib.util import MAGIC_NUMBER
-from pathlib import Path
 from typing import IO, Any
 
 from jitckpt import config, eventlog
@@ -183,6 +181,17 @@ class _Template:
         self.ready = False
         self.env_read: list[str] = []
 
+    def exit_status(self, error: BaseException) -> int | None:
+        """Its exit status after ``error`` on its socket, or None while it runs (an end of file: it is
+        exiting, so it is given a moment)."""
+        status = self.popen.poll()
+        if status is None and isinstance(error, EOFError):
+            try:
+                status = self.popen.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+        return status
+
     def discard(self) -> None:
         """Close the socket (the template exits), kill it if it is still running, and reap it."""
         self.sock.close()
@@ -271,12 +280,7 @@ class WarmStart:
             try:
                 worker = self._fork(template, job, fds, list(args))
             except (OSError, EOFError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired) as exc:
-                status = template.popen.poll()
-                if status is None and isinstance(exc, EOFError):  # (it closed its socket: it is exiting)
-                    try:
-                        status = template.popen.wait(2)
-                    except subprocess.TimeoutExpired:
-                        pass
+                status = template.exit_status(exc)
                 self._lose_template(f"exited with status {status}" if status is not None
                                     else f"failed to fork a worker ({type(exc).__name__}: {exc})", failed=False)
                 why = f"the template (pid {template.popen.pid}) failed to fork a worker ({type(exc).__name__})"
@@ -396,12 +400,7 @@ class WarmStart:
                 template.sock.settimeout(TEMPLATE_START_TIMEOUT)
                 message, _ = wire.recv_message(template.sock)
             except (OSError, EOFError, ValueError) as exc:
-                status = None
-                if not isinstance(exc, TimeoutError):  # (it closed its socket: it is exiting)
-                    try:
-                        status = template.popen.wait(5)
-                    except subprocess.TimeoutExpired:
-                        pass
+                status = template.exit_status(exc)
                 self._failed_group = self.generation
                 self._failed_why = (f"the template interpreter exited with status {status} while importing torch"
                                     if status is not None else
