@@ -38,7 +38,7 @@ PROBE = textwrap.dedent(
     argv: OUT_DIR MODE; MODE "identity": in attempt 1 rank 1 dies from an uncaught exception once rank 0 is done;
     MODE "kill-template": in attempt 0 rank 0 kills the template before failing, attempt 1 ends cleanly.
     """
-    import json, os, pickle, re, signal, sys, threading, time, warnings
+    import atexit, json, logging, os, pickle, re, signal, sys, threading, time, warnings
     os.environ["OMP_NUM_THREADS"] = "2"  # too late under jit-run, forked or not: its bootstrap imported torch
     import torch
 
@@ -63,6 +63,7 @@ PROBE = textwrap.dedent(
 
 
     def describe():
+        import torch._dynamo  # (a worker forked from the template has imported it; so does a fresh one at its first optimizer)
         fds = {}
         for fd in sorted(os.listdir("/proc/self/fd"), key=int):
             try:
@@ -93,6 +94,11 @@ PROBE = textwrap.dedent(
             "torch_threads": torch.get_num_threads(), "pickles_main_class": len(pickle.dumps(Pickled())) > 0,
             "fresh_random_state": fresh_random_state(),
             "last_value": hasattr(sys, "last_value"),
+            "logging": [logging.root.level, [type(h).__name__ for h in logging.root.handlers]],
+            "warning_filters": [(f[0], str(f[1]), getattr(f[2], "__name__", None), str(f[3]), f[4]) for f in warnings.filters],
+            "atexit_hooks": atexit._ncallbacks(),
+            "sys_modules_agent": sorted(m for m in sys.modules if m.startswith(("jitckpt.launch", "torch.distributed.run",
+                                                                             "torch.distributed.launcher"))),
         }
 
 
@@ -173,7 +179,8 @@ def _report(ckpt: Path) -> dict:
     return json.loads((ckpt.parent / f"{ckpt.name}-report.json").read_text())
 
 
-def _probe_job(tmp_path: Path, name: str, warm: str, module: bool, mode: str = "identity") -> subprocess.Popen:
+def _probe_job(tmp_path: Path, name: str, warm: str, module: bool, mode: str = "identity",
+               first: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start PROBE under jit-run (2 ranks, one restart), output to NAME/output.log; :func:`_probe_result` collects it."""
     out_dir = tmp_path / name
     out_dir.mkdir()
@@ -183,7 +190,8 @@ def _probe_job(tmp_path: Path, name: str, warm: str, module: bool, mode: str = "
     else:  # `torchrun probe.py`, output redirected by torchrun into its log files
         target = [str(tmp_path / "warm_probe.py")]
         redirects = ["--redirects", "3", "--log-dir", str(out_dir / "logs")]
-    cmd = _jit_run_cmd(out_dir / "ckpt", ["--nproc_per_node", "2", *redirects, *target, str(out_dir), mode], warm, max_restarts=1)
+    cmd = _jit_run_cmd(out_dir / "ckpt", [*first, "--nproc_per_node", "2", *redirects, *target, str(out_dir), mode], warm,
+                       max_restarts=1)
     with open(out_dir / "output.log", "w") as log:
         return subprocess.Popen(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
 
@@ -224,6 +232,11 @@ def test_a_warm_worker_looks_like_a_fresh_one(tmp_path, module):
         assert code != 0, output[-3000:]
         failed = [e for e in events if e["event"] == "worker_failed" and e["rank"] == 1]
         assert [e["exitcode"] for e in failed][-1:] == [1], (warm, failed, output[-3000:])
+    # the agent imported torch and forked the template before torchrun started (its guess of the workers'
+    # environment was right: no second template)
+    ready = [e for e in runs["on"][2] if e["event"] == "template_ready"]
+    assert [e["forked_from_agent"] for e in ready] == [True], ready
+    assert not [e for e in runs["on"][2] if e["event"] == "template_lost"], runs["on"][1][-3000:]
     warm_events = [e for e in runs["on"][2] if e["event"] == "warm_start"]
     assert sorted((e["rank"], e["attempt"]) for e in warm_events) == [(0, 0), (0, 1), (1, 0), (1, 1)], runs["on"][1][-3000:]
     assert not [e for e in runs["off"][2] if "warm" in e["event"] or "standby" in e["event"]]
@@ -325,6 +338,33 @@ def test_a_template_killed_before_a_restart_is_replaced(tmp_path):
     assert len([e for e in events if e["event"] == "warm_start"]) == 4, output[-3000:]
     assert not [e for e in events if e["event"] == "warm_fallback"], output[-3000:]
     assert "(2 of 2 workers warm)" in output, output[-3000:]
+
+
+def test_a_wrong_guess_of_the_workers_environment_means_a_new_template(tmp_path):
+    """The agent forks the template before torchrun sets OMP_NUM_THREADS (libgomp reads it when torch loads), so
+    it guesses torchrun's setting.  Where the guess is wrong (an option given twice: jit-run reads the first,
+    argparse keeps the last), the first worker start finds the agent's environment changed, a template is
+    started as before, and the workers have torchrun's setting."""
+    from jitckpt.launch.warm_start import omp_threads_torchrun_sets as guess
+
+    assert guess(["--standalone", "--max-restarts", "1", "--nproc_per_node", "2", "t.py", "--nproc_per_node", "1"], {}) == "1"
+    assert guess(["--nproc-per-node=1", "t.py"], {}) is None and guess(["t.py"], {}) is None
+    assert guess(["t.py"], {"PET_NPROC_PER_NODE": "3"}) == "1"
+    assert guess(["--nproc_per_node", "2", "t.py"], {"OMP_NUM_THREADS": "4"}) is None
+    assert guess(["--nproc_per_node", "auto", "t.py"], {}) is False and guess(["--nproc", "2", "t.py"], {}) is False
+
+    (tmp_path / "warm_probe.py").write_text(PROBE)
+    # the guess reads --nproc_per_node 1 (no setting); torchrun keeps 2 (OMP_NUM_THREADS=1)
+    code, output, events, log_dir = _probe_result(
+        tmp_path, "job", _probe_job(tmp_path, "job", "on", False, "plain", first=("--nproc_per_node", "1")))
+    assert code == 0, output[-4000:]
+    ready = [e for e in events if e["event"] == "template_ready"]
+    lost = [e for e in events if e["event"] == "template_lost"]
+    assert [e["forked_from_agent"] for e in ready] == [False], (ready, lost)
+    assert len(lost) == 1 and "changed since it started (OMP_NUM_THREADS)" in lost[0]["error"], lost
+    probes = _probes(_attempt1_logs(log_dir, 0, "stdout") + _attempt1_logs(log_dir, 1, "stdout"))
+    assert [probes[r]["torch_threads"] for r in ("0", "1")] == [1, 1], probes
+    assert len([e for e in events if e["event"] == "warm_start"]) == 4, output[-3000:]
 
 
 class _Handler:

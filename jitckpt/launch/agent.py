@@ -206,9 +206,10 @@ def _forgive_crashes_after_finished_scripts() -> None:
 
 def main(argv: list[str]) -> int:
     """Run torchrun with the jit-run patches; returns its exit status."""
-    patch_agent()
     from jitckpt.launch import warm_start
 
+    warm_start.prefork(argv)  # (first: it imports torch and forks the workers' template before any thread starts)
+    patch_agent()
     warm_start.install()  # workers are forked from a template that imported torch (--warm-restart)
     os.environ[config.ENV_ACTIVE] = "1"  # workers inherit it; this process stays inactive
     from torch.distributed.run import main as torchrun_main

@@ -305,7 +305,8 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
                     raise
                 say(f"warning: running without the CUDA/NCCL interposition library ({exc}); "
                     f"the Python watchdog stays in charge")
-    return [sys.executable, "-m", "jitckpt.launch.agent", *torchrun_args], env, run_dir
+    # (-u: the agent's output is not held back; and the template forked from it has the workers' `python -u` flags)
+    return [sys.executable, "-u", "-m", "jitckpt.launch.agent", *torchrun_args], env, run_dir
 
 
 def _with_interposer(env: dict[str, str]) -> dict[str, str]:
@@ -390,7 +391,7 @@ def main(argv: list[str]) -> int:
     if existing is not None:
         say(f"{root} already holds a complete checkpoint of minibatch {existing}: this job resumes from it. "
             f"For a new job, pass a fresh --checkpoint-dir")
-    torchrun_args = agent_cmd[3:]
+    torchrun_args = agent_cmd[4:]
     say(f"checkpoint dir {root}, hang timeout {float(args.hang_timeout):g}s, save grace {float(args.save_grace):g}s")
     if args.fault:
         say(f"fault injection armed: {args.fault}")

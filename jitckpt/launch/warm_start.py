@@ -64,6 +64,10 @@ STANDBY_MODULE = "jitckpt.worker.standby"
 # jit-run's agent changes these in its own environment at every (re)start; a
 # template never has the first (it must not arm) and reads none of them at import.
 AGENT_PER_ATTEMPT = frozenset({config.ENV_ACTIVE, config.ENV_WORKER_GENERATION, config.ENV_RENDEZVOUS_ROUND})
+# What torchrun's agent puts in its own environment after a template forked early (``prefork``) and that only
+# torch's Python code reads (none at import, which the template watches; no C library reads it): a change of
+# one of these alone is no reason for a new template.
+AGENT_SET_BY_TORCHRUN = frozenset({"TORCHELASTIC_SIGNALS_TO_HANDLE"})
 HANDOVER_TIMEOUT = 10.0
 # How long a (re)start waits for a template that is still importing torch (a cold start takes as long).
 TEMPLATE_START_TIMEOUT = 180.0
@@ -174,12 +178,13 @@ class AdoptedWorker:
 class _Template:
     """The template interpreter and the agent's end of its socket."""
 
-    def __init__(self, popen: subprocess.Popen, sock: socket.socket, env: dict[str, str]) -> None:
-        self.popen = popen
+    def __init__(self, popen: subprocess.Popen | AdoptedWorker, sock: socket.socket, env: dict[str, str]) -> None:
+        self.popen = popen  # (an AdoptedWorker for a template forked from the agent: the same calls)
         self.sock = sock
         self.env = env  # the environment it was started with
         self.ready = False
         self.env_read: list[str] = []
+        self.forked_from_agent = isinstance(popen, AdoptedWorker)
 
     def exit_status(self, error: BaseException) -> int | None:
         """Its exit status after ``error`` on its socket, or None while it runs (an end of file: it is
@@ -359,6 +364,11 @@ class WarmStart:
         self._known[popen.pid] = popen
         self._template = _Template(popen, ours, env)
 
+    def adopt_template(self, template: _Template) -> None:
+        """Use the template ``prefork`` forked from this agent (it is importing the rest of ``PRELOAD``)."""
+        self._known[template.popen.pid] = template.popen
+        self._template = template
+
     def _lose_template(self, why: str, failed: bool = True) -> None:
         """Discard the template; ``failed``: it did not start (three in a row turn warm start off)."""
         template, self._template = self._template, None
@@ -382,6 +392,7 @@ class WarmStart:
             agent_env = _environ_snapshot()
             changed = sorted(k for k in set(template.env) | set(agent_env)
                              if k not in AGENT_PER_ATTEMPT and k != config.ENV_ACTIVE
+                             and not (k in AGENT_SET_BY_TORCHRUN and k not in template.env_read)
                              and template.env.get(k) != agent_env.get(k))
             if changed:
                 self._lose_template(f"the agent's environment changed since it started ({', '.join(changed[:3])})")
@@ -416,7 +427,7 @@ class WarmStart:
             template.ready, template.env_read = True, list(message.get("env_read", []))
             self._failed_starts = 0
             eventlog.record("template_ready", template_pid=template.popen.pid, seconds=message.get("seconds"),
-                            env_scanned_by=message.get("env_scanned_by", []))
+                            forked_from_agent=template.forked_from_agent, env_scanned_by=message.get("env_scanned_by", []))
         per_rank = [k for k in template.env_read if k not in AGENT_PER_ATTEMPT and env.get(k) != template.env.get(k)]
         if per_rank:
             why = "importing torch read the workers' own environment variables " + ", ".join(per_rank[:3])
@@ -426,7 +437,79 @@ class WarmStart:
 
 
 _pool: WarmStart | None = None
+_preforked: _Template | None = None
 REAP_EVERY_SECONDS = 5.0
+NOT_PYTHON_OPTIONS = ("--no-python", "--no_python", "--run-path", "--run_path")
+
+
+def omp_threads_torchrun_sets(torchrun_args: list[str], environ: dict[str, str] | os._Environ) -> str | None | bool:
+    """What torchrun will put in ``OMP_NUM_THREADS`` for the workers ("1" when it runs more than one process per
+    node and the variable is unset, as ``torch.distributed.run.config_from_args`` does), None when it leaves it
+    alone, False when this cannot be told without torch (``--nproc-per-node auto`` or ``gpu``, an abbreviated
+    or unreadable option).  A guess: the first workers' environment checks it (``WarmStart._ready_template``)."""
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    nproc: str | None = None
+    for i, arg in enumerate(torchrun_args):  # (the first; a script's own option of that name is the rare miss)
+        name, sep, value = arg.partition("=")
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            nproc = value if sep else (torchrun_args[i + 1] if i + 1 < len(torchrun_args) else "")
+            break
+        if name.startswith("--nproc"):
+            return False  # (an abbreviation argparse would accept)
+    if nproc is None:
+        nproc = environ.get("PET_NPROC_PER_NODE", "1")  # (torchrun reads PET_<OPTION> for an option not given)
+    if nproc == "cpu":
+        nproc = str(os.cpu_count() or 1)
+    if not nproc.isdigit():
+        return False
+    return "1" if int(nproc) > 1 else None
+
+
+def prefork(torchrun_args: list[str]) -> None:
+    """Import torch in the agent, then fork the template from it, before torchrun starts any thread or opens
+    any socket: the template then imports only the rest of ``PRELOAD`` (torch's import, about 1.5 CPU-seconds,
+    is not paid twice per node).  The environment is the one the template would have had if started with the
+    first workers (``OMP_NUM_THREADS`` as torchrun will set it, which libgomp reads when torch loads it); if
+    that guess is wrong, the first workers find the environment changed and a template is started as before.
+    Does nothing when warm start is off, or cannot be used for these workers."""
+    global _preforked
+    if not enabled() or "torch" in sys.modules or any(a in NOT_PYTHON_OPTIONS for a in torchrun_args):
+        return
+    omp = omp_threads_torchrun_sets(torchrun_args, os.environ)
+    if omp is False:
+        return  # (the template starts with the first workers, which have torchrun's setting)
+    if omp is not None:
+        os.environ["OMP_NUM_THREADS"] = omp
+    agent = os.getpid()
+    reads = wire.EnvironmentReads()
+    started = time.monotonic()
+    pid = -1
+    env = _environ_snapshot()  # (what the template starts with; if importing torch changed it, the check sees it)
+    env.pop(config.ENV_ACTIVE, None)
+    try:
+        reads.start()
+        try:
+            import torch  # noqa: F401  (what the agent imports first anyway)
+        except Exception:  # noqa: BLE001  (torchrun's own import says what is wrong)
+            return
+        ours, theirs = socket.socketpair()
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+    finally:
+        if pid != 0:
+            reads.stop()
+            if omp is not None:
+                os.environ.pop("OMP_NUM_THREADS", None)  # (torchrun sets it, and says so, as without jit-run)
+    if pid == 0:  # the template (outside every try: a worker's exit must not run the agent's clean-ups)
+        ours.close()
+        wire.serve_forked(theirs, agent, reads, started)
+    if pid > 0:
+        theirs.close()
+        _preforked = _Template(AdoptedWorker(pid, [sys.executable, "-m", STANDBY_MODULE]), ours, env)
 
 
 def reap_now_and_then() -> None:
@@ -504,14 +587,17 @@ def install() -> None:
     if getattr(original, "_jitckpt_patched", False):
         return
 
-    global _pool
+    global _pool, _preforked
     _pool = WarmStart(interpreter=sys.executable)
+    if _preforked is not None:
+        _pool.adopt_template(_preforked)
+        _preforked = None
     atexit.register(_close_pool)
     why = _become_subreaper()
     if why:
         _pool.disable(why)
-    # (the template starts with the first workers: torchrun sets OMP_NUM_THREADS and more in the agent's
-    # environment just before, and what libgomp reads when torch loads it must be the workers' own)
+    # (the template was forked by prefork(), or starts with the first workers: torchrun sets OMP_NUM_THREADS in
+    # the agent's environment just before, and what libgomp reads when torch loads it must be the workers' own)
 
     def popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
         assert _pool is not None

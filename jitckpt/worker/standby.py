@@ -68,6 +68,9 @@ PRELOAD = (
     "jitckpt.worker.watchdog",
 )
 _HEADER = struct.Struct("!Q")
+# Variables the preload put in the environment (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR): a worker's own
+# environment replaces the template's, and then gets these unless it has them, as a fresh worker's imports give it.
+_SET_BY_PRELOAD: dict[str, str] = {}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -129,29 +132,59 @@ def _caller_outside_the_mapping() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
 
 
-def _preload() -> tuple[list[str], list[str]]:
-    """Import ``PRELOAD``.  Returns the environment variables read meanwhile, and where the whole
-    environment was scanned (a scan sees only the variables present: none of a worker's own)."""
-    read: set[str] = set()
-    scanned: set[str] = set()
-    environ_type = type(os.environ)
-    own = {name: environ_type.__dict__.get(name) for name in ("__getitem__", "__contains__", "__iter__")}
-    inherited = {name: getattr(environ_type, name) for name in own}
+class EnvironmentReads:
+    """Which environment variables imports read through ``os.environ`` between :meth:`start` and
+    :meth:`stop`, and where the whole environment was scanned (a scan sees only the variables present:
+    none of a worker's own).  Survives a fork: an agent that imports torch and then forks its template
+    (``jitckpt.launch.warm_start.prefork``) hands the template what its import read."""
 
-    def getitem(self: Any, key: str) -> Any:
-        if sys._getframe(1).f_code.co_name != "__iter__":  # (items()/values() of a scan read every value)
-            read.add(key)
-        return inherited["__getitem__"](self, key)
+    _NAMES = ("__getitem__", "__contains__", "__iter__")
 
-    def contains(self: Any, key: object) -> bool:
-        read.add(str(key))
-        return inherited["__contains__"](self, key)
+    def __init__(self) -> None:
+        self.read: set[str] = set()
+        self.scanned: set[str] = set()
+        self._own: dict[str, Any] | None = None
 
-    def iterate(self: Any) -> Any:
-        scanned.add(_caller_outside_the_mapping())
-        return inherited["__iter__"](self)
+    def start(self) -> None:
+        if self._own is not None:
+            return
+        environ_type = type(os.environ)
+        self._own = {name: environ_type.__dict__.get(name) for name in self._NAMES}
+        inherited = {name: getattr(environ_type, name) for name in self._NAMES}
+        read, scanned = self.read, self.scanned
 
-    environ_type.__getitem__, environ_type.__contains__, environ_type.__iter__ = getitem, contains, iterate
+        def getitem(self: Any, key: str) -> Any:
+            if sys._getframe(1).f_code.co_name != "__iter__":  # (items()/values() of a scan read every value)
+                read.add(key)
+            return inherited["__getitem__"](self, key)
+
+        def contains(self: Any, key: object) -> bool:
+            read.add(str(key))
+            return inherited["__contains__"](self, key)
+
+        def iterate(self: Any) -> Any:
+            scanned.add(_caller_outside_the_mapping())
+            return inherited["__iter__"](self)
+
+        environ_type.__getitem__, environ_type.__contains__, environ_type.__iter__ = getitem, contains, iterate
+
+    def stop(self) -> tuple[list[str], list[str]]:
+        """Stop watching; returns the variables read and the places that scanned the environment."""
+        if self._own is not None:
+            environ_type = type(os.environ)
+            for name, original in self._own.items():
+                if original is None:
+                    delattr(environ_type, name)
+                else:
+                    setattr(environ_type, name, original)
+            self._own = None
+        return sorted(self.read), sorted(self.scanned)
+
+
+def _preload(reads: EnvironmentReads) -> tuple[list[str], list[str]]:
+    """Import ``PRELOAD`` while ``reads`` watches (it may have watched an import before, in the agent).
+    Returns the environment variables read, and where the whole environment was scanned."""
+    reads.start()
     try:
         for name in PRELOAD:
             try:
@@ -159,12 +192,8 @@ def _preload() -> tuple[list[str], list[str]]:
             except ImportError:
                 pass  # (another torch version): the worker imports what it needs itself
     finally:
-        for name, original in own.items():
-            if original is None:
-                delattr(environ_type, name)
-            else:
-                setattr(environ_type, name, original)
-    return sorted(read), sorted(scanned)
+        read_scanned = reads.stop()
+    return read_scanned
 
 
 def _apply_environment(env: dict[str, str]) -> None:
@@ -280,6 +309,8 @@ def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle
             os.close(fd)
     os.chdir(job["cwd"])
     _apply_environment(job["env"])
+    for key, value in _SET_BY_PRELOAD.items():  # (as the same imports do in a fresh worker)
+        os.environ.setdefault(key, value)
     sys.argv = list(job["argv"])
     sys.orig_argv = list(job["orig_argv"])
     send_message(sock, {"started": True})
@@ -405,21 +436,16 @@ def serve_as_template(sock: socket.socket) -> socket.socket:
                 return worker
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jitckpt.worker.standby", description=__doc__.splitlines()[0])
-    parser.add_argument("--fd", type=int, required=True, help="the socket to the agent (inherited)")
-    parser.add_argument("--parent", type=int, required=True, help="the agent's pid")
-    args = parser.parse_args(argv)
+def serve(sock: socket.socket, agent: int, reads: EnvironmentReads, started: float) -> None:
+    """The template: import ``PRELOAD``, tell the agent it is ready (or why it cannot fork workers), then fork
+    workers on request.  Returns only in a forked worker, once its script has ended normally."""
     # ``python -m`` put the current directory first on sys.path; a worker's
     # path starts with its script's directory instead (set at hand-over).
     if not sys.flags.safe_path and sys.path and sys.path[0] == os.getcwd():
         del sys.path[0]
-    sock = socket.socket(fileno=args.fd)
-    _set_parent_death_signal(signal.SIGKILL)  # the template never outlives the agent
-    if os.getppid() != args.parent:
-        os._exit(0)
-    started = time.monotonic()
-    env_read, env_scanned_by = _preload()
+    before = dict(os.environ)
+    env_read, env_scanned_by = _preload(reads)
+    _SET_BY_PRELOAD.update((k, v) for k, v in os.environ.items() if k not in before)
     touched = cuda_touched()
     if touched:  # (a child forked after the CUDA driver was initialised cannot use CUDA: never fork then)
         send_message(sock, {"ready": False, "error": f"importing torch {touched}, and a worker forked after "
@@ -430,7 +456,41 @@ def main(argv: list[str] | None = None) -> None:
                             "env_read": env_read, "env_scanned_by": env_scanned_by})
     except OSError:
         os._exit(0)
-    _forked_worker(serve_as_template(sock), args.parent)  # (in the template, serve_as_template never returns)
+    _forked_worker(serve_as_template(sock), agent)  # (in the template, serve_as_template never returns)
+
+
+def serve_forked(sock: socket.socket, agent: int, reads: EnvironmentReads, started: float) -> None:
+    """The template when the agent forked it right after importing torch (``warm_start.prefork``): a
+    session of its own and the agent's death signal, as a spawned template has, then :func:`serve`.
+    Never returns into the agent's code: a worker whose script ended normally leaves by ``SystemExit(0)``
+    (the interpreter's own shutdown, as at the end of a fresh worker's script)."""
+    try:
+        os.setsid()
+        _set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != agent:
+            os._exit(0)
+    except BaseException:  # noqa: BLE001  (never run the agent's code in a second process)
+        os._exit(1)
+    # the agent's own modules are not a worker's (the frames that run here keep what they use)
+    for name in [m for m in sys.modules if m == "jitckpt.launch" or m.startswith("jitckpt.launch.")]:
+        del sys.modules[name]
+    package = sys.modules.get("jitckpt")
+    if package is not None and "launch" in vars(package):
+        delattr(package, "launch")
+    serve(sock, agent, reads, started)
+    raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jitckpt.worker.standby", description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True, help="the socket to the agent (inherited)")
+    parser.add_argument("--parent", type=int, required=True, help="the agent's pid")
+    args = parser.parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    _set_parent_death_signal(signal.SIGKILL)  # the template never outlives the agent
+    if os.getppid() != args.parent:
+        os._exit(0)
+    serve(sock, args.parent, EnvironmentReads(), time.monotonic())
 
 
 if __name__ == "__main__":
