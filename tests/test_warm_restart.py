@@ -77,8 +77,10 @@ PROBE = textwrap.dedent(
         rt = jitckpt.worker.current()
         with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
             parent = f.read().split(b"\\0")
+        with open("/proc/self/cmdline", "rb") as f:  # (what ps and pkill -f see; a forked worker's ends in NULs)
+            cmdline = f.read().rstrip(b"\\0").decode().split("\\0")
         return {
-            "name": __name__, "argv": sys.argv, "orig_argv": sys.orig_argv, "file": globals().get("__file__"),
+            "name": __name__, "argv": sys.argv, "orig_argv": sys.orig_argv, "cmdline": cmdline, "file": globals().get("__file__"),
             "spec": re.sub(r" at 0x[0-9a-f]+", "", repr(__spec__)), "package": __package__, "loader": type(__loader__).__name__,
             "main_is_module": sys.modules["__main__"].__dict__ is globals(), "globals_at_start": started_globals,
             "path": sys.path, "cwd": os.getcwd(), "flags": repr(sys.flags), "executable": sys.executable,
@@ -249,7 +251,7 @@ def test_a_warm_worker_looks_like_a_fresh_one(tmp_path, module):
     assert sorted(outputs["on"]) == sorted(outputs["off"]) == ["0", "1"], outputs
     for rank in ("0", "1"):
         warm, cold = outputs["on"][rank], outputs["off"][rank]
-        for key in ("argv", "orig_argv", "path", "cwd"):  # the jobs' own directories differ by name only
+        for key in ("argv", "orig_argv", "cmdline", "path", "cwd"):  # the jobs' own directories differ by name only
             warm[key] = json.loads(json.dumps(warm[key]).replace("/on", "/JOB"))
             cold[key] = json.loads(json.dumps(cold[key]).replace("/off", "/JOB"))
         differing = {k: (warm[k], cold[k]) for k in cold if warm.get(k) != cold[k]}
@@ -364,6 +366,7 @@ def test_a_wrong_guess_of_the_workers_environment_means_a_new_template(tmp_path)
     assert len(lost) == 1 and "changed since it started (OMP_NUM_THREADS)" in lost[0]["error"], lost
     probes = _probes(_attempt1_logs(log_dir, 0, "stdout") + _attempt1_logs(log_dir, 1, "stdout"))
     assert [probes[r]["torch_threads"] for r in ("0", "1")] == [1, 1], probes
+    assert [probes[r]["cmdline"] == probes[r]["orig_argv"] for r in ("0", "1")] == [True, True], probes  # (ps)
     assert len([e for e in events if e["event"] == "warm_start"]) == 4, output[-3000:]
 
 

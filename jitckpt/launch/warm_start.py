@@ -3,12 +3,19 @@
 Most of a worker's start is Python start-up and ``import torch`` (with
 torch._dynamo, which the first optimizer imports): about 4 CPU-seconds each,
 so a restart waits for them, and on a small host a job's CPU goes mostly to
-them (DESIGN.md, decision 3).  jit-run's agent therefore starts, when torchrun
-first starts the workers (after torchrun has set ``OMP_NUM_THREADS`` and the
-rest of the workers' environment in its own), one *template*
-(``jitckpt.worker.standby``) with that environment.  The template imports
-``PRELOAD`` (torch, torch.distributed, torch.optim, torch._dynamo, jitckpt's
-worker hooks) and then only forks.  torchrun itself is unchanged: its agent,
+them (DESIGN.md, decision 3).  jit-run's agent therefore makes one *template*
+(``jitckpt.worker.standby``) per node: it imports torch and forks the template
+from itself before torchrun runs (:func:`prefork`: no thread, no socket yet),
+so that torch's import is paid once per node, not once by the agent and once
+by the template.  The workers' environment is the agent's plus what torchrun
+sets before it starts them; of that, only ``OMP_NUM_THREADS`` matters to an
+import (libgomp reads it when torch loads it), so the agent sets torchrun's
+value while it imports; if that guess turns out wrong at the first worker
+start, the template is replaced by one started then, with the workers'
+environment (as it always is where no guess can be made: ``--nproc-per-node
+auto``).  The template imports the rest of ``PRELOAD`` (torch.distributed,
+torch.optim, torch._dynamo, jitckpt's worker hooks) and then only forks.
+torchrun itself is unchanged: its agent,
 rendezvous, restarts and teardown all run as before.  Only the place where its
 ``SubprocessHandler`` calls ``subprocess.Popen`` for a worker is patched:
 
@@ -352,7 +359,8 @@ class WarmStart:
         ours, theirs = socket.socketpair()
         env = _environ_snapshot()
         env.pop(config.ENV_ACTIVE, None)  # the bootstrap must not arm a runtime in the template
-        cmd = [self.interpreter, "-u", "-m", STANDBY_MODULE, "--fd", str(theirs.fileno()), "--parent", str(os.getpid())]
+        cmd = [self.interpreter, "-u", "-m", STANDBY_MODULE, "--fd", str(theirs.fileno()), "--parent", str(os.getpid()),
+               "--", *sys.orig_argv]  # (the agent's command: room for the workers' in the template's argument area)
         try:
             popen = subprocess.Popen(cmd, env=env, pass_fds=(theirs.fileno(),), start_new_session=True)
         except OSError as exc:

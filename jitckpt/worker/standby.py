@@ -298,6 +298,25 @@ def _arm() -> None:
         jitckpt.worker.arm()
 
 
+def set_command_line(args: list[str]) -> bool:
+    """Show ``args`` as this process's command line (``/proc/PID/cmdline``, hence ``ps`` and ``pkill -f``): written
+    over the argument strings the kernel placed at exec, as ``setproctitle`` does, cut to their length and padded
+    with NULs (a reader that splits on NUL sees empty strings at the end).  Best effort; returns whether it did."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start, end = int(fields[48 - 3]), int(fields[49 - 3])  # arg_start, arg_end (proc(5) fields 48, 49)
+        if end <= start:
+            return False
+        data = b"\0".join(os.fsencode(a) for a in args)[: end - start - 1]
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            mem.write(data.ljust(end - start, b"\0"))
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle_since: float) -> None:
     """Turn this standby into the worker ``job`` describes, then run its script (see the module docstring)."""
     _set_parent_death_signal(0)  # a worker outlives the agent exactly as a fresh one would
@@ -313,6 +332,7 @@ def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle
         os.environ.setdefault(key, value)
     sys.argv = list(job["argv"])
     sys.orig_argv = list(job["orig_argv"])
+    set_command_line(sys.orig_argv)  # (ps shows the worker's command, as for a fresh one)
     send_message(sock, {"started": True})
     sock.close()
 
@@ -485,6 +505,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jitckpt.worker.standby", description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="the socket to the agent (inherited)")
     parser.add_argument("--parent", type=int, required=True, help="the agent's pid")
+    parser.add_argument("agent_command", nargs=argparse.REMAINDER,
+                        help="after --: the agent's command line, unused (room for a worker's in the process's "
+                             "argument area: set_command_line)")
     args = parser.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
     _set_parent_death_signal(signal.SIGKILL)  # the template never outlives the agent
