@@ -136,6 +136,12 @@ def test_fsdp_lost_host_resumes_from_the_copies_in_the_other_hosts_memory_bit_ex
     assert failure["resumed_from_minibatch"] == 5 and failure["minibatches_redone"] == 1, failure
 
 
+# Where a healthy host is lost with a frozen one: a hang timeout far longer than the test takes to lose both, so
+# that the healthy host's rank never detects the freeze and saves first (host 0's rank learns of the loss from
+# its broken connections at once).
+LOST_BEFORE_DETECTED = ["--hang-timeout", "60"]
+
+
 def _three_hosts(tmp_path: Path, port: int, base: list[str], **launch) -> dict:
     """Three jit-run "hosts" of one FSDP2 rank each; hosts 1 and 2 carry the fault "rank 1 freezes in its backward
     of minibatch 5" (which of them gets rank 1 is the rendezvous's choice)."""
@@ -264,7 +270,7 @@ def test_two_neighbouring_hosts_lost_name_the_shard_with_no_copy_left_and_fall_b
     expected = fault_free("fsdp", 3)
     base = ["--mode", "fsdp", "--steps", str(STEPS)]
     port = _free_port()
-    hosts = _three_hosts(tmp_path, port, base)
+    hosts = _three_hosts(tmp_path, port, base, jit_options=LOST_BEFORE_DETECTED)
     deadline = time.monotonic() + 240
     logs = [tmp_path / "host1.log", tmp_path / "host2.log"]
     while not any("rank 1: hang myself in the backward of minibatch 5" in log.read_text(errors="replace") for log in logs):
@@ -276,7 +282,7 @@ def test_two_neighbouring_hosts_lost_name_the_shard_with_no_copy_left_and_fall_b
     for name in ("host1", "host2"):
         hosts[name].wait()
         hosts[f"new-{name}"] = _launch_node(tmp_path, f"new-{name}", port, script=PROGRAM, script_args=base,
-                                            nproc_per_node=1, nnodes=3)
+                                            nproc_per_node=1, nnodes=3, jit_options=LOST_BEFORE_DETECTED)
     results = {name: _finish(tmp_path, name, hosts[name]) for name in ("host0", "new-host1", "new-host2")}
     outputs = "\n".join(output for _, output, _ in results.values())
     for code, output, report in results.values():
@@ -301,7 +307,7 @@ def test_two_copies_survive_two_neighbouring_hosts_lost_bit_exact(tmp_path):
     base = ["--mode", "fsdp", "--steps", str(STEPS)]
     two = {"JITCKPT_MEMORY_COPIES": "2"}
     port = _free_port()
-    hosts = _three_hosts(tmp_path, port, base, env=two)
+    hosts = _three_hosts(tmp_path, port, base, env=two, jit_options=LOST_BEFORE_DETECTED)
     deadline = time.monotonic() + 240
     logs = [tmp_path / "host1.log", tmp_path / "host2.log"]
     while not any("rank 1: hang myself in the backward of minibatch 5" in log.read_text(errors="replace") for log in logs):
@@ -314,7 +320,7 @@ def test_two_copies_survive_two_neighbouring_hosts_lost_bit_exact(tmp_path):
     for name in ("host1", "host2"):
         hosts[name].wait()
         hosts[f"new-{name}"] = _launch_node(tmp_path, f"new-{name}", port, script=PROGRAM, script_args=base,
-                                            nproc_per_node=1, nnodes=3, env=two)
+                                            nproc_per_node=1, nnodes=3, env=two, jit_options=LOST_BEFORE_DETECTED)
     results = {name: _finish(tmp_path, name, hosts[name]) for name in ("host0", "new-host1", "new-host2")}
     outputs = "\n".join(output for _, output, _ in results.values())
     for code, output, report in results.values():

@@ -164,9 +164,23 @@ class Dying:
             return
         if self.corrupt:
             self._corrupt_newest_snapshot()
+        if how == "hang":
+            self._let_the_copy_end()
         print(f"rank {self.rank}: {how} myself in the {where} of minibatch {self.step}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         time.sleep(1)
+
+    @staticmethod
+    def _let_the_copy_end() -> None:
+        """A frozen host in the multi-host tests is one whose copy of this minibatch's snapshot went out first:
+        the copy runs beside the training and, on two busy cores, may not have ended by the backward; a freeze
+        before it ends is another scenario (that minibatch then has no redundancy, and the job goes back one)."""
+        import jitckpt.worker
+
+        rt = jitckpt.worker.current()
+        peers = getattr(getattr(rt, "memory_tier", None), "peers", None)
+        if peers is not None:
+            peers.wait_sent(60.0)
 
     def _corrupt_newest_snapshot(self) -> None:
         from pathlib import Path
