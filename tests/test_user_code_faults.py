@@ -60,6 +60,17 @@ def test_death_between_backward_and_step_resumes_with_the_right_random_numbers(t
     assert result.sha == clip_fault_free_sha, "parameters differ from the fault-free run\n" + result.output[-4000:]
 
 
+def test_a_rank_killed_by_the_script_before_the_forward_of_minibatch_1_resumes_bit_exact(tmp_path, clip_fault_free_sha):
+    """Minibatch 1's forward is where DDP rebuilds its gradient buckets in the order minibatch 0's gradients
+    became ready; the replicas save minibatch 1 after that rebuild, and the redone minibatch 1 must all-reduce
+    with the same buckets (tests/test_recovery.py's kill-forward-1 places this with jit-run's fault hooks)."""
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=[*ARGS, "--die", "2:1:kill-before-forward"])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == 1 and failure["minibatches_redone"] == 1, failure
+    assert result.sha == clip_fault_free_sha, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
 def test_a_peer_frozen_before_an_object_collective_is_caught_by_the_hang_timeout(tmp_path):
     """broadcast_object_list calls broadcast through distributed_c10d's own namespace: it must be watched too."""
     expected = _fault_free_sha("--object-collective")

@@ -58,7 +58,8 @@ def main() -> None:
     add_job_args(p)
     p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop between backward and step, exitN: "
                                               "sys.exit(N) there, stop-before-broadcast: before the step's object "
-                                              "broadcast), first attempt only")
+                                              "broadcast, kill-before-forward: at the start of the minibatch), "
+                                              "first attempt only")
     p.add_argument("--grad-sync", choices=("no_sync", "every", "manual", "p2p"), default="no_sync",
                    help="no_sync: DDP all-reduces in the last micro-batch only; every: in every micro-batch; "
                         "manual: no DDP, the script all-reduces p.grad itself; p2p: no DDP, the script "
@@ -92,6 +93,9 @@ def main() -> None:
             box = [step if rank == 0 else None]
             dist.broadcast_object_list(box, src=0)
             assert box[0] == step, (box, step)
+        if attempt == 0 and rank == int(die_rank) and step == int(die_step) and how == "kill-before-forward":
+            print(f"rank {rank}: dying before the forward of minibatch {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         for micro in range(args.accum):
             x, y = batch(args, step, micro, rank)
             if micro < args.accum - 1 and args.grad_sync == "no_sync":
