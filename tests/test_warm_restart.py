@@ -140,6 +140,9 @@ PROBE = textwrap.dedent(
                 while len(logged("warm_handover")) < int(os.environ["LOCAL_WORLD_SIZE"]) and time.time() < deadline:
                     time.sleep(0.05)
                 (ready,) = logged("template_ready")
+                with open(f"/proc/{ready['template_pid']}/cmdline", "rb") as f, \\
+                        open(os.path.join(out_dir, "template-cmdline"), "wb") as out:
+                    out.write(f.read())
                 os.kill(ready["template_pid"], signal.SIGKILL)
             if rank == 0:
                 sys.exit(3)
@@ -194,8 +197,11 @@ def _probe_job(tmp_path: Path, name: str, warm: str, module: bool, mode: str = "
         redirects = ["--redirects", "3", "--log-dir", str(out_dir / "logs")]
     cmd = _jit_run_cmd(out_dir / "ckpt", [*first, "--nproc_per_node", "2", *redirects, *target, str(out_dir), mode], warm,
                        max_restarts=1)
+    # per-rank variables the launching environment already has (a Kubernetes PyTorchJob pod exports them): torchrun
+    # gives each worker its own, and a template that merely copied the environment must not count them as read
+    stale = {"RANK": "7", "LOCAL_RANK": "5", "WORLD_SIZE": "9", "MASTER_PORT": "1"}
     with open(out_dir / "output.log", "w") as log:
-        return subprocess.Popen(cmd, env=job_env(), stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+        return subprocess.Popen(cmd, env={**job_env(), **stale}, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
 
 
 def _probe_result(tmp_path: Path, name: str, proc: subprocess.Popen) -> tuple[int, str, list[dict], Path]:
@@ -335,6 +341,9 @@ def test_a_template_killed_before_a_restart_is_replaced(tmp_path):
     probes = _probes(_attempt1_logs(log_dir, 0, "stdout") + _attempt1_logs(log_dir, 1, "stdout"))
     assert sorted(probes) == ["0", "1"], output[-3000:]
     (ready, _) = [e for e in events if e["event"] == "template_ready"]
+    # in ps, the template is the template, not a second agent (it was forked from the agent: its argument area)
+    shown = (tmp_path / "job" / "template-cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    assert shown[2:] == [b"-m", b"jitckpt.worker.standby", b"--parent", str(ready["pid"]).encode()], shown
     (lost,) = [e for e in events if e["event"] == "template_lost"]
     assert lost["template_pid"] == ready["template_pid"], (lost, ready)
     assert len([e for e in events if e["event"] == "warm_start"]) == 4, output[-3000:]

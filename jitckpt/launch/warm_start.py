@@ -402,8 +402,9 @@ class WarmStart:
                              if k not in AGENT_PER_ATTEMPT and k != config.ENV_ACTIVE
                              and not (k in AGENT_SET_BY_TORCHRUN and k not in template.env_read)
                              and template.env.get(k) != agent_env.get(k))
-            if changed:
-                self._lose_template(f"the agent's environment changed since it started ({', '.join(changed[:3])})")
+            if changed:  # (not a failed start: a forked template's guess of torchrun's settings was wrong)
+                self._lose_template(f"the agent's environment changed since it started ({', '.join(changed[:3])})",
+                                    failed=False)
                 template = None
         if template is None:
             if self.disabled:
@@ -467,8 +468,8 @@ def omp_threads_torchrun_sets(torchrun_args: list[str], environ: dict[str, str] 
             return False  # (an abbreviation argparse would accept)
     if nproc is None:
         nproc = environ.get("PET_NPROC_PER_NODE", "1")  # (torchrun reads PET_<OPTION> for an option not given)
-    if nproc == "cpu":
-        nproc = str(os.cpu_count() or 1)
+    if nproc == "cpu":  # (torch._utils.cpu_count(): the CPUs this process may run on)
+        nproc = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if not nproc.isdigit():
         return False
     return "1" if int(nproc) > 1 else None

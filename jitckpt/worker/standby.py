@@ -463,7 +463,11 @@ def serve(sock: socket.socket, agent: int, reads: EnvironmentReads, started: flo
     # path starts with its script's directory instead (set at hand-over).
     if not sys.flags.safe_path and sys.path and sys.path[0] == os.getcwd():
         del sys.path[0]
+    # (what a forked template's agent started watching: a copy of the environment is not an import's read)
+    reads.stop()
     before = dict(os.environ)
+    # the template's own name in ps (a forked one has the agent's command line, which names the script)
+    set_command_line([sys.executable, "-u", "-m", "jitckpt.worker.standby", "--parent", str(agent)])
     env_read, env_scanned_by = _preload(reads)
     _SET_BY_PRELOAD.update((k, v) for k, v in os.environ.items() if k not in before)
     touched = cuda_touched()
