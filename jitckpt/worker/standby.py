@@ -1,12 +1,15 @@
 """The template interpreter, forked into every worker of a jit-run job (``jitckpt.launch.warm_start``).
 
 A worker's start is mostly Python start-up and ``import torch`` (DESIGN.md,
-decision 3).  jit-run's agent therefore starts one template per node as
+decision 3).  jit-run's agent therefore makes one template per node: it
+imports torch and forks the template from itself (``serve_forked``), or, where
+it cannot tell the workers' environment beforehand, starts one with the first
+workers as
 
-    python -u -m jitckpt.worker.standby --fd N --parent PID
+    python -u -m jitckpt.worker.standby --fd N --parent PID -- AGENT_COMMAND
 
-The template imports torch and the modules every jit-run worker needs
-(``PRELOAD``), tells the agent it is ready, and then serves ``fork`` requests
+The template imports the modules every jit-run worker needs (``PRELOAD``),
+tells the agent it is ready, and then serves ``fork`` requests
 on its socket: it forks an intermediate process that forks the worker and
 exits, so the agent (a subreaper) adopts the worker, and hands the agent a
 socket to it.  The worker waits until it is the agent's child, starts its own
