@@ -387,10 +387,16 @@ def main(argv: list[str]) -> int:
     # older partial directory is a dead save's leftover, on any node.
     for removed in store.remove_torn_saves(older_than=2 * float(args.save_grace)):
         say(f"removed the leftover of a save that never committed: {removed}")
-    existing = next((step for step in store.list_steps() if is_complete(store, step)), None)
+    steps = store.list_steps()
+    existing = next((step for step in steps if is_complete(store, step)), None)
     if existing is not None:
         say(f"{root} already holds a complete checkpoint of minibatch {existing}: this job resumes from it. "
             f"For a new job, pass a fresh --checkpoint-dir")
+    elif steps:
+        say(f"warning: {root} holds checkpoint folders ({', '.join(f'minibatch {s}' for s in steps[:4])}"
+            f"{', ...' if len(steps) > 4 else ''}) but none is complete (a copy of every shard, with its metadata "
+            f"and file sizes intact): this job starts from minibatch 0, and the ranks say what is wrong with each. "
+            f"Nothing there is deleted")
     torchrun_args = agent_cmd[4:]
     say(f"checkpoint dir {root}, hang timeout {float(args.hang_timeout):g}s, save grace {float(args.save_grace):g}s")
     if args.fault:

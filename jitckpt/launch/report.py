@@ -75,6 +75,7 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
     resumed_at = max((e["time"] for e in first_steps), default=None)
     resumed_step = min((e["step"] for e in resumed), default=None)
     fresh = bool(_of(records, "fresh_start", attempt + 1))
+    unusable = _unusable(records, attempt + 1) if fresh else []
     warm = _of(records, "warm_start", attempt + 1)  # restarted from the template (jitckpt.launch.warm_start)
 
     furthest = max([d["step"] for d in detections] + [e["step"] for e in injected], default=None)
@@ -111,7 +112,32 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
         # ranks whose state came from the memory tier's snapshots (jitckpt.store.memory), not from a JIT save
         "memory_tier_ranks": sorted(e["rank"] for e in resumed if e.get("memory_tier")),
         "restarted_fresh": fresh,
+        "unusable_checkpoints": unusable,
         "minibatches_redone": redone,
+    }
+
+
+_NAMED_REASONS = 8
+
+
+def _unusable(records: list[dict], attempt: int) -> list[str]:
+    """Why the checkpoints on disk were passed over by the ranks of ``attempt`` that started afresh (deduplicated)."""
+    reasons: list[str] = []
+    for e in _of(records, "checkpoints_unusable", attempt):
+        for why in e.get("reasons") or [f"minibatch(es) {', '.join(map(str, e.get('steps', [])))}: not usable"]:
+            if why not in reasons:
+                reasons.append(why)
+    return reasons[:_NAMED_REASONS] + ([f"... and {len(reasons) - _NAMED_REASONS} more"]
+                                       if len(reasons) > _NAMED_REASONS else [])
+
+
+def _start(records: list[dict], attempts: list[int]) -> dict[str, Any]:
+    """How the first attempt began: at minibatch 0, or from a checkpoint an earlier run left; what it passed over."""
+    first = attempts[0] if attempts else 0
+    resumed = _of(records, "resumed", first)
+    return {
+        "resumed_from_minibatch": min((e["step"] for e in resumed), default=None),
+        "unusable_checkpoints": _unusable(records, first),
     }
 
 
@@ -170,6 +196,7 @@ def build(records: list[dict], exit_code: int, command: list[str]) -> dict[str, 
         "exit_code": config.JOB_STOPPED_EXIT_CODE if stopped_because else exit_code,
         "torchrun_exit_code": exit_code,
         "attempts": len(attempts),
+        "start": _start(records, attempts),
         "restarts": max(0, len(attempts) - 1),
         "final_minibatch": max(final_steps) if final_steps else None,
         "failures": failures,
@@ -206,6 +233,12 @@ def render(report: dict[str, Any]) -> str:
                      f"lets it go on)")
     for why in report.get("not_bit_exact", []):
         lines.append(f"not bit-exact (--allow-inexact-resume): {why}")
+    start = report.get("start") or {}
+    if start.get("resumed_from_minibatch") is not None:
+        lines.append(f"started: from minibatch {start['resumed_from_minibatch']} (a checkpoint an earlier run left)")
+    elif start.get("unusable_checkpoints"):
+        lines.append("started: from minibatch 0, passing over the checkpoints on disk, none usable:")
+        lines += [f"  unusable: {why}" for why in start["unusable_checkpoints"]]
     if not report["failures"]:
         lines.append("no failures.")
     for n, f in enumerate(report["failures"], 1):
@@ -226,6 +259,7 @@ def render(report: dict[str, Any]) -> str:
             f"restart {_fmt(f['restart_seconds'])}{_warm_note(f)}, resume {_fmt(f['resume_seconds'])}; "
             f"resumed from {resumed}, minibatches redone: {_fmt(f['minibatches_redone'])}"
         )
+        lines += [f"  unusable: {why}" for why in f.get("unusable_checkpoints", [])]
     for c in report.get("crashes_after_finishing", []):
         lines.append(f"note: rank {c['rank']} finished its script in attempt {c['attempt']}, then died from signal "
                      f"{c['signal']} during interpreter shutdown; counted as finished (not restarted)")

@@ -232,7 +232,24 @@ def read_meta(directory: Path) -> dict:
     for key in ("step", "rank", "world_size", "files"):
         if key not in meta:
             raise CheckpointError(f"{meta_path}: metadata lacks {key!r}")
+    _check_names(Path(directory), meta)
     return meta
+
+
+def _check_names(directory: Path, meta: dict) -> None:
+    """Refuse a rank directory whose ``step-N``/``rank-R`` names disagree with its metadata.
+
+    Saves are committed under the names their metadata records, so a
+    disagreement means a folder moved, copied or linked by hand: loading it
+    would resume a minibatch other than the one its folder names (and
+    jit-run's own messages would name the folder's).
+    """
+    for pattern, name, key, what in ((_RANK_RE, directory.name, "rank", "rank"),
+                                     (_STEP_RE, directory.parent.name, "step", "minibatch")):
+        match = pattern.match(name)
+        if match and int(match.group(1)) != meta[key]:
+            raise CheckpointError(f"{directory}: its metadata says {what} {meta[key]}, its folder {name} "
+                                  f"(moved, copied or linked by hand?); not used")
 
 
 def verify(directory: Path, check_content: bool = True) -> CheckpointInfo | None:

@@ -21,6 +21,7 @@ corrupt ones are skipped with a CheckpointWarning that names the reason.
 from __future__ import annotations
 
 import warnings
+from typing import Sequence
 
 from jitckpt.store.base import CheckpointInfo, CheckpointStore
 from jitckpt.store.errors import CheckpointError, CheckpointWarning
@@ -29,14 +30,18 @@ from jitckpt.store.shard import ParallelCoordinates, format_ranks
 _NAMED_LOSSES = 4  # shards named in the warning; the rest are counted
 
 
-def _intact(store: CheckpointStore, step: int) -> list[CheckpointInfo]:
-    """Committed checkpoints of ``step`` whose metadata reads and whose files have their recorded sizes."""
+def _intact(store: CheckpointStore, step: int, problems: list[str] | None = None) -> list[CheckpointInfo]:
+    """Committed checkpoints of ``step`` whose metadata reads and whose files have their recorded sizes.
+
+    What is wrong with the others goes into ``problems``, if given.
+    """
     found = []
     for location, _ in store.replicas(step):
         try:
             found.append(store.verify(location, check_content=False))
-        except CheckpointError:
-            continue
+        except CheckpointError as exc:
+            if problems is not None:
+                problems.append(str(exc))
     return found
 
 
@@ -57,10 +62,11 @@ def is_complete(store: CheckpointStore, step: int) -> bool:
     return len(worlds) == 1 and not uncovered_ranks(infos, worlds.pop())
 
 
-def lost_shards(where: object, missing: list[int], infos: list[CheckpointInfo]) -> str:
-    """One line: which ranks' shards have no surviving copy in ``where``, in words."""
+def lost_shards(where: object, missing: list[int], infos: list[CheckpointInfo], problems: Sequence[str] = ()) -> str:
+    """One line: which ranks' shards have no surviving copy in ``where``, in words (``problems``: why, if known)."""
     if not infos:
-        return f"skipping {where}: no intact checkpoint of any rank"
+        why = f" ({'; '.join(problems[:2])}{'; ...' if len(problems) > 2 else ''})" if problems else ""
+        return f"skipping {where}: no intact checkpoint of any rank{why}"
     # Every rank words it the same way: through the lowest surviving rank's view of the layout.
     witness = min(infos, key=lambda info: info.coords.rank).coords
     by_shard: dict[str, list[int]] = {}
@@ -145,10 +151,11 @@ def select(store: CheckpointStore, coords: ParallelCoordinates, allow_world_size
                 f"{where} was written with pipeline x tensor parallel sizes {pp_size}x{tp_size}, "
                 f"this job uses {coords.pp_size}x{coords.tp_size}; nothing was loaded or deleted"
             )
-        infos = _intact(store, listed)
+        problems: list[str] = []
+        infos = _intact(store, listed, problems)
         missing = uncovered_ranks(infos, world_sizes.pop())
         if missing:
-            warnings.warn(lost_shards(where, missing, infos), CheckpointWarning, stacklevel=2)
+            warnings.warn(lost_shards(where, missing, infos, problems), CheckpointWarning, stacklevel=2)
             continue
         mine = _own_copies(infos, coords, where)
         for info in mine:

@@ -52,9 +52,13 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
         # every rank loads the same step: the ranks agree through the job's store (the first look only)
         info = agreed_selection(rt, lambda step: select(rt.store, rt.coords, allow_world_size_change=allow, step=step))
     lines = [f"warning: {warning.message}" for warning in caught]
-    if info is None and rt.store.list_steps() and not overruled_to_fresh_start(rt):
+    steps = rt.store.list_steps() if info is None else []
+    if steps and not overruled_to_fresh_start(rt):
         lines.append(f"no checkpoint in {rt.checkpoint_root} covers every shard of this job: "
                      f"a fresh start from minibatch 0")
+        if not rt.located:  # (the report names what was passed over: a fresh start is not a quiet one)
+            eventlog.record("checkpoints_unusable", rank=rt.rank, attempt=rt.attempt, steps=steps,
+                            reasons=[str(warning.message) for warning in caught])
     for line in lines:
         if line not in _logged:  # a second look (identity now known) repeats only what is new
             _logged.add(line)
