@@ -46,11 +46,16 @@ def parse_args() -> argparse.Namespace:
 
 
 def use_jitckpt(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-                progress: dict[str, int]) -> tuple[int, str | None]:
+                progress: dict[str, int] | None = None) -> tuple[int, str | None]:
     """jitckpt's two calls: how to save (run only when a failure happens), and where to resume from.
 
-    ``progress["step"]`` is the minibatch the training loop is at.  Returns the
-    minibatch to start at and the checkpoint it was loaded from (None: a fresh start).
+    The checkpoint records ``jitckpt.current_step()``: the minibatch it resumes
+    at, which is one ahead of the loop's own counter when the failure strikes a
+    collective issued after ``optimizer.step()`` (an all-reduce of the loss for
+    logging).  ``progress``: record ``progress["step"]``, the loop's own counter,
+    instead (what many scripts do; tests use it to show that jitckpt stops such
+    a resume rather than redo a minibatch twice).  Returns the minibatch to
+    start at and the checkpoint it was loaded from (None: a fresh start).
     """
 
     def save(path: str) -> None:
@@ -59,7 +64,7 @@ def use_jitckpt(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: t
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
-                "step": progress["step"],
+                "step": jitckpt.current_step() if progress is None else progress["step"],
             },
             os.path.join(path, "state.pt"),
         )
@@ -84,8 +89,7 @@ def main() -> None:
     init_process_group(args)
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optimizer, scheduler = build(args, rank)
-    progress = {"step": 0}
-    start, path = use_jitckpt(model, optimizer, scheduler, progress)
+    start, path = use_jitckpt(model, optimizer, scheduler)
     if path and rank == 0:
         print(f"resumed at step {start} from {path}", flush=True)
 
@@ -100,7 +104,6 @@ def main() -> None:
             if cuda:
                 torch.cuda.synchronize()
             timer = time.perf_counter()
-        progress["step"] = step
         loss = train_step(args, ddp, optimizer, loss_fn, step, rank)
         scheduler.step()
         if args.step_sleep:

@@ -209,3 +209,37 @@ def test_a_script_drawing_from_generators_of_its_own_resumes_bit_exact(tmp_path,
     assert failure["minibatches_redone"] == 1, failure
     assert "does not exist when the redone minibatch starts" not in result.output, result.output[-4000:]
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+@pytest.mark.parametrize("die, resumed", [("1:6:kill-in-logging", 7), ("2:9:stop-in-logging", 10)],
+                         ids=["killed", "frozen"])
+def test_a_failure_in_a_logging_all_reduce_after_the_step_resumes_at_the_next_minibatch(tmp_path, die, resumed):
+    """The script all-reduces its loss for logging after ``scheduler.step()``: the survivors wait there with
+    minibatch i applied, and save the start of i+1.  A save() that records ``jitckpt.current_step()`` resumes
+    there, bit-exact, one minibatch redone."""
+    extra = ["--log-allreduce"]
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=[*ARGS, *extra, "--die", die])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == resumed and failure["minibatches_redone"] == 1, failure
+    assert result.sha == _fault_free_sha(*extra), result.output[-4000:]
+
+
+def test_a_script_resuming_from_its_own_counter_one_behind_is_stopped_not_run_twice(tmp_path):
+    """The same failure, but save() records the loop's own counter (still i in the logging all-reduce, while
+    the state is the start of i+1).  Before, the job redid minibatch i on top of its own update, ended with
+    other parameters and one optimizer step too many, and reported ``completed``.  Each rank now sees its
+    redone minibatch start from the inputs the minibatch before took, and the job stops with the reason; with
+    --allow-inexact-resume it goes on and the report says ``completed, not bit-exact``."""
+    args = [*ARGS, "--log-allreduce", "--save-loop-counter", "--die", "1:6:kill-in-logging"]
+    stopped = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=args)
+    assert stopped.returncode == 77, (stopped.returncode, stopped.output[-4000:])
+    assert "final parameters sha256" not in stopped.output
+    assert stopped.report["outcome"] == "stopped", stopped.report
+    assert "started the redone minibatch 7 with the data of minibatch 6" in stopped.output, stopped.output[-4000:]
+    assert "jitckpt.current_step()" in stopped.output
+    allowed = run_jit(tmp_path / "ckpt-allowed", nproc=3, script=SCRIPT, args=args,
+                      jit_options=["--allow-inexact-resume"])
+    assert allowed.returncode == 0, allowed.output[-4000:]
+    assert allowed.report["outcome"] == "completed, not bit-exact", allowed.report
+    assert allowed.sha is not None and allowed.sha != _fault_free_sha("--log-allreduce"), allowed.output[-4000:]

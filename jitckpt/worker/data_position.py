@@ -36,6 +36,20 @@ know the script's position, but it can see which batches it takes:
   the fault-free run's (``resume.inexact_resume``: the job stops with the
   reason, unless the user allowed inexact resumes).
 
+- the inputs of each minibatch's first *training* forward (a module in
+  training mode, gradients on; an evaluation forward is passed over) are
+  noted the same way, under the module's class: a script that builds its
+  batches itself is checked too;
+- a minibatch's notes carry the previous minibatch's.  A failure in a
+  collective issued after the optimizer step (a logging all-reduce) saves
+  the start of minibatch i+1, for which the failed run noted nothing: the
+  redone minibatch must then not start from what minibatch i took (its first
+  training forward's inputs, or its loader's last batch before the first
+  forward).  A script that resumed from its own step counter, one behind the
+  checkpoint, would apply minibatch i twice; it is stopped with the advice to
+  save ``jitckpt.current_step()``.  Checked only where minibatch i's data
+  differs from i-1's (a loop over one fixed batch cannot be told apart).
+
 Not checked: a minibatch that took no batch, notes lost with the rank's host,
 iterators that are not torch's.  A batch that cannot be read (a nested
 tensor, a device tensor) counts by its types and shapes only.  The notes are
@@ -61,7 +75,9 @@ if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
 MAGIC = b"JITBATCH1\0"
+MAGIC2 = b"JITBATCH2\0"  # ... then the count of the minibatch's own entries; the previous minibatch's follow them
 _ENTRY = struct.Struct("<I8s")  # loader key (NO_KEY: none), digest of the batch
+_COUNT = struct.Struct("<H")
 NO_KEY = 0xFFFFFFFF
 MAX_ENTRIES = 256  # per minibatch; later batches of the same minibatch are not noted (the check uses those it has)
 
@@ -191,57 +207,138 @@ def _uint8() -> Any:
     return sys.modules["torch"].uint8
 
 
-def encode(entries: list[tuple[int, bytes]]) -> bytes:
-    return MAGIC + b"".join(_ENTRY.pack(key, d) for key, d in entries)
+_FORWARD_KEYS: dict[type, int] = {}
+
+
+def forward_key(module: Any) -> int:
+    """The key a module's forward inputs are noted under: its class (a key no loader's dataset has)."""
+    kind = type(module)
+    key = _FORWARD_KEYS.get(kind)
+    if key is None:
+        key = _FORWARD_KEYS[kind] = xxhash.xxh32(f"forward:{kind.__module__}.{kind.__qualname__}".encode()).intdigest() % NO_KEY
+    return key
+
+
+def encode(entries: list[tuple[int, bytes]], previous: list[tuple[int, bytes]] | None = None) -> bytes:
+    """A minibatch's notes; with ``previous``, the notes of the minibatch before it, complete, follow them."""
+    if previous is None:
+        return MAGIC + b"".join(_ENTRY.pack(key, d) for key, d in entries)
+    return (MAGIC2 + _COUNT.pack(len(entries)) + b"".join(_ENTRY.pack(key, d) for key, d in entries)
+            + b"".join(_ENTRY.pack(key, d) for key, d in previous))
 
 
 def decode(payload: bytes) -> list[tuple[int, bytes]]:
-    """The entries of ``encode``; DataPositionError for anything else."""
-    if not payload.startswith(MAGIC) or (len(payload) - len(MAGIC)) % _ENTRY.size:
-        raise DataPositionError("not jitckpt's notes of taken batches (wrong header or length)")
-    body = payload[len(MAGIC):]
-    if len(body) // _ENTRY.size > MAX_ENTRIES:
+    """The (minibatch's own) entries of ``encode``; DataPositionError for anything else."""
+    return decode_notes(payload)[0]
+
+
+def decode_notes(payload: bytes) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]] | None]:
+    """(the minibatch's entries, the previous minibatch's or None if not recorded); DataPositionError if not notes."""
+    count: int | None = None
+    if payload.startswith(MAGIC2) and len(payload) >= len(MAGIC2) + _COUNT.size:
+        (count,) = _COUNT.unpack_from(payload, len(MAGIC2))
+        body = payload[len(MAGIC2) + _COUNT.size:]
+    elif payload.startswith(MAGIC):
+        body = payload[len(MAGIC):]
+    else:
+        raise DataPositionError("not jitckpt's notes of taken batches (wrong header)")
+    if len(body) % _ENTRY.size:
+        raise DataPositionError("not jitckpt's notes of taken batches (wrong length)")
+    n = len(body) // _ENTRY.size
+    if n > (MAX_ENTRIES if count is None else 2 * MAX_ENTRIES) or (count is not None and count > min(n, MAX_ENTRIES)):
         raise DataPositionError(f"more than {MAX_ENTRIES} batches noted for one minibatch")
-    return [_ENTRY.unpack_from(body, at) for at in range(0, len(body), _ENTRY.size)]
+    entries = [_ENTRY.unpack_from(body, at) for at in range(0, len(body), _ENTRY.size)]
+    if count is None:
+        return entries, None
+    return entries[:count], entries[count:]
 
 
 class TakenBatches:
-    """This rank's notes of the batches each minibatch took, and the check of a redone minibatch (after a resume)."""
+    """This rank's notes of what each minibatch took, and the check of a redone minibatch (after a resume)."""
 
     def __init__(self, rt: "JitRuntime") -> None:
         self.rt = rt
         self._lock = threading.Lock()  # (collectives may be issued from autograd's threads)
         self._step: int | None = None          # the minibatch whose notes _entries are
         self._entries: list[tuple[int, bytes]] = []
+        self._previous: list[tuple[int, bytes]] = []  # the notes of minibatch _step - 1 ([] if none were taken)
         self._closed_for: int | None = None    # the minibatch whose notes are complete
+        self._forward_noted_for: int | None = None  # the minibatch whose first training forward is noted
+        self._hook: Any = None  # a global forward pre-hook, while one is wanted
         # After a resume: the failed run's notes for the redone minibatch (key -> digests), the keys that yielded
         # since the resume and those that yielded one of the expected batches again, and whether a module's
-        # forward has run since (a one-shot global hook).
+        # forward has run since.  ``_suspect``: what the minibatch before the redone one took, per key the redone
+        # one took nothing from in the failed run; ``_last_batch``: per loader key, the last batch taken before
+        # the first forward; ``_repeated``: forward keys whose inputs were the previous minibatch's.
         self.expected: dict[int, set[bytes]] | None = None
+        self._suspect: dict[int, set[bytes]] = {}
         self._yielded: set[int] = set()
         self._again: set[int] = set()
+        self._last_batch: dict[int, bytes] = {}
+        self._repeated: set[int] = set()
+        self._names: dict[int, str] = {}
         self._forward_seen = False
-        self._forward_hook: Any = None
         self._refuse: Callable[[str], None] = lambda reason: None
 
-    def arm(self, entries: list[tuple[int, bytes]], refuse: Callable[[str], None]) -> None:
-        """Check the redone minibatch against ``entries``; a mismatch calls ``refuse`` with the reason."""
-        from torch.nn.modules.module import register_module_forward_pre_hook
+    # ----- the global forward pre-hook -------------------------------------------------
 
-        expected: dict[int, set[bytes]] = {}
-        for key, d in entries:
-            expected.setdefault(key, set()).add(d)
+    def _want_hook(self) -> None:
+        if self._hook is None:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+
+            self._hook = register_module_forward_pre_hook(self._on_forward)
+
+    def _drop_hook(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def minibatch_started(self) -> None:
+        """A minibatch begins (or the worker's first): its first training forward's inputs are noted."""
+        if self.expected is None:
+            self._want_hook()
+
+    def _on_forward(self, module: Any, args: Any) -> None:
+        torch = sys.modules["torch"]
+        training = module.training and torch.is_grad_enabled()
+        if self.expected is not None:  # the redone minibatch, until its comparison ends
+            self._forward_seen = True
+            if not training:
+                return
+            key = forward_key(module)
+            if key in self.expected or key in self._suspect:
+                d = digest(args)
+                with self._lock:
+                    if self.expected is None:
+                        return
+                    if key in self.expected:
+                        self._yielded.add(key)
+                        if d in self.expected[key]:
+                            self._again.add(key)
+                    if d in self._suspect.get(key, ()):
+                        self._repeated.add(key)
+                        self._names[key] = type(module).__qualname__
+            return
+        if not training or not getattr(self.rt, "located", True):
+            return  # (an evaluation forward, or one before the checkpoint lookup: the training one is waited for)
+        self._drop_hook()
+        step = self.rt.step
+        if self._closed_for != step and self._forward_noted_for != step:
+            self._forward_noted_for = step
+            self._note(step, forward_key(module), digest(args))
+
+    # ----- the failed run's side ---------------------------------------------------------
+
+    def _note(self, step: int, key: int, d: bytes) -> None:
         with self._lock:
-            self.expected, self._refuse = expected, refuse
-            self._yielded, self._again, self._closed_for, self._forward_seen = set(), set(), None, False
-        if self._forward_hook is None:
-            self._forward_hook = register_module_forward_pre_hook(lambda module, args: self._forward_starts())
-
-    def _forward_starts(self) -> None:
-        self._forward_seen = True
-        if self._forward_hook is not None:
-            self._forward_hook.remove()
-            self._forward_hook = None
+            if self._step != step:
+                self._previous = self._entries if self._step == step - 1 else []
+                self._step, self._entries = step, []
+            if len(self._entries) >= MAX_ENTRIES:
+                return
+            self._entries.append((key, d))
+            payload = encode(self._entries, self._previous)
+        self.rt.stash_rank_state(stash.FETCH, step, payload)
 
     def yielded(self, iterator: Any, batch: Any) -> None:
         """A DataLoader iterator yielded ``batch``."""
@@ -249,26 +346,44 @@ class TakenBatches:
         if self._closed_for == step:
             return
         key = key_of(iterator)
-        with self._lock:
-            if self.expected is not None:
+        if self.expected is not None:
+            with self._lock:
+                if self.expected is None:
+                    return
                 self._yielded.add(key)
-                if key in self.expected and key not in self._again and digest(batch) in self.expected[key]:
-                    self._again.add(key)
-                return
-            if self._step != step:
-                self._step, self._entries = step, []
-            if len(self._entries) >= MAX_ENTRIES:
-                return
-            self._entries.append((key, digest(batch)))
-            payload = encode(self._entries)
-        self.rt.stash_rank_state(stash.FETCH, step, payload)
+                if key in self.expected or key in self._suspect:
+                    d = digest(batch)
+                    if key in self.expected and key not in self._again and d in self.expected[key]:
+                        self._again.add(key)
+                    if key in self._suspect and not self._forward_seen:
+                        self._last_batch[key] = d
+            return
+        self._note(step, key, digest(batch))
+
+    # ----- after a resume ----------------------------------------------------------------
+
+    def arm(self, entries: list[tuple[int, bytes]], refuse: Callable[[str], None],
+            suspect: dict[int, set[bytes]] | None = None) -> None:
+        """Check the redone minibatch against ``entries``; a mismatch calls ``refuse`` with the reason.
+
+        ``suspect``: per key, what the minibatch before the redone one took; the redone one must not start from
+        it (its first training forward's inputs, its loader's last batch before its first forward).
+        """
+        expected: dict[int, set[bytes]] = {}
+        for key, d in entries:
+            expected.setdefault(key, set()).add(d)
+        with self._lock:
+            self.expected, self._refuse, self._suspect = expected, refuse, dict(suspect or {})
+            self._yielded, self._again, self._closed_for, self._forward_seen = set(), set(), None, False
+            self._last_batch, self._repeated = {}, set()
+        self._want_hook()
 
     def minibatch_committed(self, collective: bool) -> None:
         """A collective (``collective``) or the optimizer step is about to be issued.
 
         In the failed run, the minibatch's notes end at its first collective
-        after a batch (a logging all-reduce or a barrier before the batch
-        leaves them open).  In the redone minibatch, the comparison ends at
+        after a batch or a training forward (a logging all-reduce or a barrier
+        before them leaves them open).  In the redone minibatch, the comparison ends at
         its first collective after a module's forward began (not at a
         barrier between skipping and the real batch, nor at DDP's broadcast
         as it wraps the model); at the optimizer step in any case.
@@ -287,6 +402,10 @@ class TakenBatches:
                 return
             expected, self.expected = self.expected, None
             failed = sorted(key for key in expected if key in self._yielded and key not in self._again)
+            repeated = sorted(self._repeated | {key for key, d in self._last_batch.items()
+                                                if d in self._suspect.get(key, ())})
+            self._forward_noted_for = step  # (the failed run's notes of this minibatch stay in the stash)
+        self._drop_hook()
         if failed:
             self._refuse(
                 f"rank {self.rt.rank}'s data loader took none of the {len(expected[failed[0]])} batch(es) that "
@@ -295,20 +414,61 @@ class TakenBatches:
                 f"data, or samples augmented with other random numbers). With a plain DataLoader the script "
                 f"skips to its saved position itself, and augments as a function of the sample "
                 f"(docs/user-guide.md, \"Data loading\"); or use torchdata's StatefulDataLoader")
+        elif repeated:
+            what = (f"the inputs of {self._names[repeated[0]]}'s forward" if repeated[0] in self._names
+                    else "its data loader's batch")
+            resumed = self.rt.resumed_from
+            self._refuse(
+                f"rank {self.rt.rank} started the redone minibatch {resumed} with the data of minibatch "
+                f"{resumed - 1} ({what} were those of minibatch {resumed - 1} in the run that failed): the "
+                f"checkpoint holds the state after minibatch {resumed - 1}'s optimizer step (the failure struck at a "
+                f"collective issued after it, such as an all-reduce of the loss for logging or of an evaluation "
+                f"metric), but the script resumed from its own step counter, one behind, and would apply minibatch "
+                f"{resumed - 1} twice. Have save() store jitckpt.current_step() as the minibatch to continue from "
+                f"(docs/user-guide.md, \"The step a checkpoint resumes at\")")
 
 
-def arm_check(rt: "JitRuntime", payload: bytes | None, where: str, refuse: Callable[[str], None]) -> None:
+def suspects(previous: list[tuple[int, bytes]], before: list[tuple[int, bytes]] | None,
+             own: list[tuple[int, bytes]]) -> dict[int, set[bytes]]:
+    """Per key the redone minibatch's own notes lack: what the minibatch before it took, if it tells it apart.
+
+    ``previous`` are the notes of the minibatch before the redone one, ``before`` those of the one before that
+    (None: unknown).  A key is suspect only where the two took different data: a loop over one fixed batch
+    (a benchmark) cannot tell a repeated minibatch from the next one, so it is not checked.
+    """
+    own_keys = {key for key, _ in own}
+    found: dict[int, set[bytes]] = {}
+    for key, d in previous:
+        if key not in own_keys:
+            found.setdefault(key, set()).add(d)
+    earlier: dict[int, set[bytes]] = {}
+    for key, d in before or ():
+        earlier.setdefault(key, set()).add(d)
+    return {key: ds for key, ds in found.items() if earlier.get(key) and not ds & earlier[key]}
+
+
+def arm_check(rt: "JitRuntime", payload: bytes | None, where: str, refuse: Callable[[str], None],
+              earlier: bytes | None = None) -> None:
     """After a resume: compare the redone minibatch's batches with ``payload`` (this rank's own notes), if any.
 
-    A mismatch calls ``refuse`` with the reason (``resume.inexact_resume``: it stops the job, or returns if the
-    user allowed inexact resumes).
+    ``earlier``: this rank's own notes of the minibatch before (from its host stash), if it has them: the
+    redone minibatch must not start from its data (a script resuming from a step counter one behind the
+    checkpoint).  A mismatch calls ``refuse`` with the reason (``resume.inexact_resume``: it stops the job,
+    or returns if the user allowed inexact resumes).
     """
-    if payload is None:
-        return
+    own: list[tuple[int, bytes]] = []
+    previous: list[tuple[int, bytes]] | None = None
+    before: list[tuple[int, bytes]] | None = None
     try:
-        entries = decode(payload)
+        if payload is not None:
+            own, previous = decode_notes(payload)
+        if earlier is not None:
+            earlier_own, before = decode_notes(earlier)
+            if previous is None or not previous:
+                previous = earlier_own
     except DataPositionError as exc:
         raise CheckpointError(f"{where}: the notes of taken batches stored for rank {rt.rank} are unusable "
                               f"({exc}); nothing was loaded from them") from None
-    if entries:
-        rt.taken_batches.arm(entries, refuse)
+    suspect = suspects(previous or [], before, own)
+    if own or suspect:
+        rt.taken_batches.arm(own, refuse, suspect)

@@ -137,6 +137,7 @@ def install(runtime: JitRuntime) -> None:
     ddp_layout.install(lambda: resume.locate(runtime))
     _install_excepthook(runtime)
     _watch_batch_fetches(runtime)
+    runtime.taken_batches.minibatch_started()  # (the first minibatch's first training forward is noted)
     for kind in private_rng.install():  # the script's own generators ride with the global ones (rng_state)
         eventlog.record("private_rng_untracked", kind=kind)
     if runtime.injector.phases & {"forward", "backward"}:

@@ -105,8 +105,12 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
             ) from None
         rt.own_state[stash.LOADER] = loader_state  # jitckpt.adapters.torchdata_loader hands it to the loaders
     # the batches this rank took in the redone minibatch: it must take them again (jitckpt.worker.data_position)
+    # and must not start from the minibatch before it (a step counter one behind the checkpoint's)
+    earlier = None
+    if rt.shm_dir is not None:
+        earlier = stash.read_stash(stash.stash_path(rt.shm_dir, stash.FETCH, rt.rank)).get(info.step - 1)
     data_position.arm_check(rt, find_own_state(rt, info, stash.FETCH), str(info.path),
-                            lambda reason: inexact_resume(rt, reason))
+                            lambda reason: inexact_resume(rt, reason), earlier)
     memory = rt.memory_tier is not None and rt.memory_tier.holds(info.path)
     eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path),
                     rng_restored=payload is not None, loader_state=loader_state is not None, memory_tier=memory)

@@ -286,6 +286,7 @@ class JitRuntime:
     def _minibatch_done(self) -> None:
         self.step += 1
         self.phase = "forward"
+        self.taken_batches.minibatch_started()
         self.open_own_generators_window()
         self.arm_memory_snapshot()
         save.note_minibatch_start()  # where a JIT save's side stream starts reading (CUDA only; else nothing)

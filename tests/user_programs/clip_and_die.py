@@ -58,7 +58,8 @@ def main() -> None:
     add_job_args(p)
     p.add_argument("--die", default="", help="RANK:STEP:HOW (HOW: kill or stop between backward and step, exitN: "
                                               "sys.exit(N) there, stop-before-broadcast: before the step's object "
-                                              "broadcast, kill-before-forward: at the start of the minibatch), "
+                                              "broadcast, kill-before-forward: at the start of the minibatch, "
+                                              "kill-in-logging or stop-in-logging: before the --log-allreduce), "
                                               "first attempt only")
     p.add_argument("--grad-sync", choices=("no_sync", "every", "manual", "p2p"), default="no_sync",
                    help="no_sync: DDP all-reduces in the last micro-batch only; every: in every micro-batch; "
@@ -67,6 +68,12 @@ def main() -> None:
     p.add_argument("--object-collective", action="store_true",
                    help="every step, rank 0 broadcasts the step number with dist.broadcast_object_list first")
     p.add_argument("--log-every", type=int, default=1000)
+    p.add_argument("--log-allreduce", action="store_true",
+                   help="after scheduler.step(), all-reduce the loss for logging (a collective after the optimizer "
+                        "step: a failure there is saved as the start of the next minibatch)")
+    p.add_argument("--save-loop-counter", action="store_true",
+                   help="save() records the loop's own counter, not jitckpt.current_step() (one behind after a "
+                        "failure in the logging all-reduce)")
     p.add_argument("--loader-before-loop", action="store_true",
                    help="create a shuffled DataLoader iterator (it draws a seed from the global generator) "
                         "between jit_get_checkpoint_path() and the first minibatch, as most real scripts do")
@@ -77,7 +84,7 @@ def main() -> None:
     die_rank, die_step, how = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")
     model, optimizer, scheduler = build(args, rank)
     progress = {"step": 0}
-    start, _ = use_jitckpt(model, optimizer, scheduler, progress)
+    start, _ = use_jitckpt(model, optimizer, scheduler, progress if args.save_loop_counter else None)
     if args.loader_before_loop:
         loader = torch.utils.data.DataLoader(list(range(16)), batch_size=4, shuffle=True)
         next(iter(loader))  # the iterator draws its base seed, the sampler its permutation
@@ -122,6 +129,13 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
+        if args.log_allreduce:
+            if attempt == 0 and rank == int(die_rank) and step == int(die_step) and how.endswith("-in-logging"):
+                print(f"rank {rank}: dying ({how}) before the logging all-reduce of minibatch {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL if how.startswith("kill") else signal.SIGSTOP)
+            mean_loss = loss.detach().clone()
+            dist.all_reduce(mean_loss)
+            logged = mean_loss.item() / world
         if rank == 0 and (step + 1) % args.log_every == 0:
             print(f"step {step + 1} loss {logged:.5f}", flush=True)
     if rank == 0:
