@@ -63,7 +63,8 @@ def resumes(output: str) -> list[tuple[int, int, Path]]:
 
 
 def lines_with(output: str, text: str) -> list[str]:
-    return [line for line in output.splitlines() if text in line]
+    """The lines the ranks printed (not the report's) that hold ``text``."""
+    return [line for line in output.splitlines() if text in line and line.startswith("[jitckpt rank")]
 
 
 def test_fsdp_lost_shard_is_said_once_and_the_job_starts_afresh(tmp_path):
@@ -83,6 +84,7 @@ def test_fsdp_lost_shard_is_said_once_and_the_job_starts_afresh(tmp_path):
             "holding it saved this step; falling back to the newest checkpoint that covers every shard"), line
     assert len(lines_with(result.output, "covers every shard of this job: a fresh start from minibatch 0")) == 2
     (failure,) = result.report["failures"]
+    assert any("no surviving copy of the shard of rank 1" in why for why in failure["unusable_checkpoints"]), failure
     assert failure["restarted_fresh"] and failure["minibatches_redone"] == 6, failure
 
 

@@ -37,7 +37,7 @@ know the script's position, but it can see which batches it takes:
   reason, unless the user allowed inexact resumes).
 
 - the inputs of each minibatch's first *training* forward (a module in
-  training mode, gradients on; an evaluation forward is passed over) are
+  training mode, with or without gradients; one in eval mode is passed over) are
   noted the same way, under the module's class: a script that builds its
   batches itself is checked too;
 - a minibatch's notes carry the previous minibatch's.  A failure in a
@@ -299,8 +299,10 @@ class TakenBatches:
             self._want_hook()
 
     def _on_forward(self, module: Any, args: Any) -> None:
-        torch = sys.modules["torch"]
-        training = module.training and torch.is_grad_enabled()
+        training = module.training  # (under no_grad too: a GAN's generator drawing its noise is the minibatch's)
+        gap = getattr(self.rt, "gap", None)
+        if training and gap is not None:
+            gap.data_reached()  # (a minibatch whose data came from no DataLoader: its first training forward)
         if self.expected is not None:  # the redone minibatch, until its comparison ends
             self._forward_seen = True
             if not training:
@@ -320,7 +322,7 @@ class TakenBatches:
                         self._names[key] = type(module).__qualname__
             return
         if not training or not getattr(self.rt, "located", True):
-            return  # (an evaluation forward, or one before the checkpoint lookup: the training one is waited for)
+            return  # (a module in eval mode, or a forward before the checkpoint lookup: a training one is waited for)
         self._drop_hook()
         step = self.rt.step
         if self._closed_for != step and self._forward_noted_for != step:

@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from jitckpt import config, eventlog
 from jitckpt.jit_event import JitReason
-from jitckpt.worker import data_position, ddp_layout, fsdp_layout, private_rng, resume, sharding, skipped_steps
+from jitckpt.worker import data_position, ddp_layout, fsdp_layout, minibatch_gap, private_rng, resume, sharding, skipped_steps
 from jitckpt.worker.runtime import JitRuntime
 from jitckpt.worker.save import in_jit_save
 
@@ -834,8 +834,10 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
 
     @functools.wraps(iter_init)
     def iter_init_keyed(self: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        runtime.gap.iterator_made(loader)  # (before it draws its base seed: a new epoch's iterator?)
         iter_init(self, loader, *args, **kwargs)
         self._jitckpt_loader_key = data_position.loader_key(loader)
+        self._jitckpt_stateful = minibatch_gap.stateful(loader)
 
     @functools.wraps(original)
     def _next_index(self: Any) -> Any:
@@ -843,6 +845,8 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
         if runtime.pending_rng is not None:
             runtime.batch_fetch_starts()
         runtime.note_own_generators_at_start()  # (once per minibatch; nothing without generators of the script's own)
+        if not getattr(self, "_jitckpt_stateful", False):
+            runtime.gap.data_reached(data_position.key_of(self))
         return index
 
     next_batch = _BaseDataLoaderIter.__next__
@@ -851,6 +855,7 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
     def __next__(self: Any) -> Any:
         batch = next_batch(self)
         runtime.taken_batches.yielded(self, batch)
+        runtime.gap.batch_yielded(self)
         return batch
 
     _next_index._jitckpt_wrapped = True  # type: ignore[attr-defined]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from jitckpt import config, eventlog
 from jitckpt.store import CheckpointError, CheckpointInfo, CheckpointWarning, safe_codec, select
 from jitckpt.store.disk import check_private
-from jitckpt.worker import data_position, ddp_layout, private_rng, rng_state, sharding, stash
+from jitckpt.worker import data_position, ddp_layout, minibatch_gap, private_rng, rng_state, sharding, stash
 from jitckpt.worker.console import log
 from jitckpt.worker.step_agreement import agreed_selection, overruled_to_fresh_start
 
@@ -92,6 +92,18 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
         rt.defer_rng_restore(payload)
     else:
         rt.stash_rng(rt.step)
+    # what was drawn between the minibatch before and this one's data (a new epoch's iterator, an evaluation)
+    own_gap = find_own_state(rt, info, stash.GAP)
+    try:
+        own_record = minibatch_gap.GapRecord.decode(own_gap) if own_gap is not None else None
+    except minibatch_gap.GapRecordError as exc:
+        raise CheckpointError(f"{info.path}: the record of minibatch {info.step}'s start stored for rank {rt.rank} "
+                              f"is unusable ({exc}); nothing was loaded from it") from None
+    if payload is not None:
+        why = rt.gap.arm_resume(own_record, minibatch_gap.records_of_step(info.path.parent), payload,
+                                lambda reason: inexact_resume(rt, reason))
+        if why is not None:
+            inexact_resume(rt, why)
     # (no window for the redone minibatch: the stash holds its start already, and a capture at a fetch
     # while the script skips to its position could miss a generator the script makes after it)
     loader_state = find_own_state(rt, info, stash.LOADER)

@@ -36,7 +36,7 @@ from jitckpt.jit_event import JitReason
 from jitckpt.store import CheckpointInfo, CheckpointStore, DiskStore, ParallelCoordinates
 from jitckpt.store.tiered import TieredStore
 from jitckpt.store.memory import peer_copies
-from jitckpt.worker import data_position, ddp_layout, minibatch, module_buffers, private_rng, rng_state, save, sharding, shutdown, stash
+from jitckpt.worker import data_position, ddp_layout, minibatch, minibatch_gap, module_buffers, private_rng, rng_state, save, sharding, shutdown, stash
 from jitckpt.worker.memory_snapshots import MemorySnapshots
 from jitckpt.worker.console import log, short_error
 
@@ -81,6 +81,9 @@ class JitRuntime:
         self.next_minibatch_hooks: list[Callable[[], None]] = []
         # The batches each minibatch took from DataLoaders; after a resume, the check of the redone one.
         self.taken_batches = data_position.TakenBatches(self)
+        # What each minibatch's gap drew (a new epoch's iterator, evaluation); after a resume, where RNG goes back.
+        self.gap = minibatch_gap.MinibatchGap(self)
+        self._rng_by_step: dict[int, bytes] = {}  # the RNG state stashed for each minibatch (this one and the next)
 
         self.save_fn: SaveFunction | None = None
         self.buffer_snapshots = module_buffers.BufferSnapshots()
@@ -287,6 +290,7 @@ class JitRuntime:
         self.step += 1
         self.phase = "forward"
         self.taken_batches.minibatch_started()
+        self.gap.minibatch_started()
         self.open_own_generators_window()
         self.arm_memory_snapshot()
         save.note_minibatch_start()  # where a JIT save's side stream starts reading (CUDA only; else nothing)
@@ -315,6 +319,12 @@ class JitRuntime:
             payload = rng_state.capture() if payload is None else payload
             self.stash.put(step, payload)
             self._rng_stashed = (step, payload)
+            self._rng_by_step = {s: p for s, p in self._rng_by_step.items() if s >= self.step}
+            self._rng_by_step[step] = payload
+
+    def rng_stashed_for(self, step: int) -> bytes | None:
+        """The RNG state last stashed for minibatch ``step`` by this process (None if none)."""
+        return self._rng_by_step.get(step)
 
     def stash_next_rng(self) -> None:
         """Record the current RNG state as the one minibatch step+1 starts with, if it moved since the last record.

@@ -136,6 +136,7 @@ def save_checkpoint(rt: "JitRuntime", reason: JitReason, detail: str) -> int:
         with off_the_blocked_stream():
             run_user_save(rt, pending)
         rt.injector.maybe_fire("save", step)
+        rt.gap.before_save()  # (still between two minibatches: whether the global generators moved there)
         copied = copy_stashes(rt, pending, step)
         ddp_layout.write(pending)
         final = pending.commit(

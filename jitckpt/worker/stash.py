@@ -32,11 +32,13 @@ _HEADER = struct.Struct("<QqII")
 RNG = "rng"
 LOADER = "loader"
 FETCH = "fetch"
+GAP = "gap"
 # kind -> (slot size, the folder of a rank checkpoint its entries are copied to, file suffix)
 KINDS = {
     RNG: (1 << 18, "jitckpt-rng", ".bin"),  # (the script's own generators too: private_rng)
     LOADER: (1 << 22, "jitckpt-loader", ".bin"),
     FETCH: (1 << 13, "jitckpt-fetch", ".bin"),  # the batches each minibatch drew (jitckpt.worker.data_position)
+    GAP: (1 << 18, "jitckpt-gap", ".bin"),  # what was drawn before each minibatch's data (jitckpt.worker.minibatch_gap)
 }
 
 

@@ -1,0 +1,265 @@
+"""The gap between two minibatches: random numbers drawn after one's optimizer step and before the next one's data.
+
+The RNG state a minibatch starts with is stashed at the end of the one before
+(its collectives, its optimizer step: ``JitRuntime.stash_next_rng``) and put
+back, after a resume, where the redone minibatch takes its data (a DataLoader
+fetch, its first module forward).  That is exact only if nothing draws in
+between.  Two things do:
+
+- **a new epoch's DataLoader iterator.**  Creating a plain ``DataLoader``
+  iterator draws its base seed from the global generator (and a shuffling
+  sampler its own seed at the first index).  In the fault-free run that draw
+  comes after minibatch i-1's step, from its state; in a resumed run the
+  script makes the iterator anew anyway.  So when minibatch i starts an
+  epoch, this rank's state goes back right before the redone run makes the
+  iterator of the same loader (``restore_before_iterator``), not at the
+  fetch: the iterator then draws the same base seed (so non-persistent
+  workers are seeded as in the fault-free run) and the batch the same
+  numbers.  Minibatch i starts an epoch when the last batch minibatch i-1
+  took was its iterator's last (every rank sees it, before its step);
+- **anything else between the two minibatches** (an evaluation that draws, a
+  second loader's iterator, the script's own draws after its step).  A rank
+  that got as far as minibatch i's data stashes the state there instead (its
+  first fetch from the loader minibatch i-1 took from, or its first training
+  forward): what it then restores is exact.  A rank that did not (it died
+  before, or the ranks that saved were stopped in that gap) has only the
+  state at i-1's step, and the draws in between are not repeated by the
+  resumed run: its resume is not exact, and it says so
+  (``resume.inexact_resume``: the job stops, or goes on under
+  ``--allow-inexact-resume``).  Whether such draws happened is known to
+  every rank that watched the gap (the global generators compared with the
+  stashed state; the script's own generators are left out, they have their
+  own capture at the minibatch's start): each records it, a JIT save copies
+  the records of its host's ranks into the checkpoint, and a resumed rank
+  reads any rank's.
+
+Each rank keeps one record per minibatch in its host stash
+(``stash.GAP``): the key of the loader whose new iterator starts it, the RNG
+state right before that iterator was made, and whether the state was
+stashed again at the minibatch's data and whether draws were seen.  A fixed
+binary format: a checkpoint is untrusted input.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from jitckpt.worker import rng_state, stash
+from jitckpt.worker.data_position import NO_KEY, key_of, loader_key
+
+if TYPE_CHECKING:
+    from jitckpt.worker.runtime import JitRuntime
+
+MAGIC = b"JITGAP1\0"
+_HEAD = struct.Struct("<IB")  # loader key of the epoch's iterator (NO_KEY: none), flags; then the state before it
+_EPOCH, _REFINED, _DRAWS, _BEFORE = 1, 2, 4, 8
+
+
+class GapRecordError(ValueError):
+    """A stored gap record not in jitckpt's format."""
+
+
+@dataclass
+class GapRecord:
+    """What this rank saw between minibatch ``step - 1``'s optimizer step and minibatch ``step``'s data."""
+
+    epoch_key: int | None = None        # the loader whose new iterator starts minibatch ``step`` (an epoch start)
+    before_iterator: bytes | None = None  # the RNG state right before that iterator was made
+    refined: bool = False                # the RNG stash of ``step`` was taken again at its data (exact)
+    draws: bool = False                  # the global generators moved in the gap (before the epoch's iterator)
+
+    def encode(self) -> bytes:
+        flags = ((_EPOCH if self.epoch_key is not None else 0) | (_REFINED if self.refined else 0)
+                 | (_DRAWS if self.draws else 0) | (_BEFORE if self.before_iterator is not None else 0))
+        key = NO_KEY if self.epoch_key is None else self.epoch_key
+        return MAGIC + _HEAD.pack(key, flags) + (self.before_iterator or b"")
+
+    @classmethod
+    def decode(cls, payload: bytes) -> "GapRecord":
+        if not payload.startswith(MAGIC) or len(payload) < len(MAGIC) + _HEAD.size:
+            raise GapRecordError("not jitckpt's record of a minibatch's start (wrong header)")
+        key, flags = _HEAD.unpack_from(payload, len(MAGIC))
+        state = payload[len(MAGIC) + _HEAD.size:]
+        if flags & ~(_EPOCH | _REFINED | _DRAWS | _BEFORE) or bool(state) != bool(flags & _BEFORE):
+            raise GapRecordError("not jitckpt's record of a minibatch's start (unknown flags)")
+        if state:
+            try:
+                rng_state.decode(state)
+            except rng_state.RngStateError as exc:
+                raise GapRecordError(f"its RNG state is unusable ({exc})") from None
+        return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS))
+
+
+def _global(payload: bytes) -> dict[int, list[bytes]]:
+    """The global generators' records of an RNG capture (the script's own generators left out)."""
+    return {kind: records for kind, records in rng_state.decode(payload).items() if kind != rng_state.PRIVATE}
+
+
+def stateful(loader: Any) -> bool:
+    """A loader that restores its own position and seeds (torchdata's ``StatefulDataLoader``): left to its adapter."""
+    return hasattr(loader, "state_dict") and hasattr(loader, "load_state_dict")
+
+
+def _plain(iterator: Any) -> bool:
+    """An iterator made anew each epoch whose making draws (not a stateful loader's, nor persistent workers')."""
+    return not getattr(iterator, "_jitckpt_stateful", False) and not getattr(iterator, "_persistent_workers", False)
+
+
+class MinibatchGap:
+    """This rank's records of the gaps, and after a resume the restore before the epoch's iterator."""
+
+    def __init__(self, rt: "JitRuntime") -> None:
+        self.rt = rt
+        self._records: dict[int, GapRecord] = {}  # by minibatch (the current one and the next one)
+        self._open_for: int | None = None          # the minibatch whose gap is open (its data not reached)
+        self._fed_by: set[int] = set()             # loader keys the minibatch in progress took batches from
+        self._train_keys: set[int] = set()         # ... and those the one before took from
+        # After a resume at an epoch start: (loader key, the state to put back right before its iterator is made)
+        self._restore: tuple[int, bytes] | None = None
+        self._refuse: Callable[[str], None] = lambda reason: None
+        # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
+        self._disabled = False
+
+    # ----- the failed run's side ---------------------------------------------------------
+
+    def _write(self, step: int) -> None:
+        self.rt.stash_rank_state(stash.GAP, step, self._records[step].encode())
+
+    def minibatch_started(self) -> None:
+        """Minibatch ``rt.step`` begins (the one before has stepped): its gap opens."""
+        step = self.rt.step
+        if self._disabled:
+            return
+        self._open_for = step
+        self._train_keys, self._fed_by = self._fed_by, set()
+        self._records = {s: r for s, r in self._records.items() if s >= step}
+        self._records.setdefault(step, GapRecord())
+
+    def batch_yielded(self, iterator: Any) -> None:
+        """A DataLoader iterator yielded a batch: was it its last (the next minibatch starts an epoch)?"""
+        if getattr(iterator, "_jitckpt_stateful", False):
+            self._disabled, self._open_for = True, None
+            return
+        key = key_of(iterator)
+        if self._open_for == self.rt.step:
+            if self._train_keys and key not in self._train_keys:
+                return  # (a batch taken in the gap: an evaluation's)
+            self.data_reached(key)  # (its indices were taken before the gap: workers prefetch them)
+        self._fed_by.add(key)
+        try:
+            last = iterator._num_yielded >= len(iterator)
+        except (TypeError, AttributeError):  # (an IterableDataset without a length)
+            return
+        if last and _plain(iterator):
+            step = self.rt.step + 1
+            self._records.setdefault(step, GapRecord()).epoch_key = key
+            self._write(step)
+
+    def iterator_made(self, loader: Any) -> None:
+        """A DataLoader iterator is about to be made (it draws its base seed): the epoch's, in the gap?"""
+        if stateful(loader) or getattr(loader, "persistent_workers", False):
+            return
+        if self._restore is not None and self._restore[0] == loader_key(loader):
+            state, self._restore = self._restore[1], None
+            rng_state.restore(state)  # the redone run: the state this rank had right before it, in the failed run
+            return
+        step = self.rt.step
+        record = self._records.get(step)
+        if (self._open_for != step or record is None or record.epoch_key is None
+                or record.before_iterator is not None or record.epoch_key != loader_key(loader)):
+            return
+        record.before_iterator = rng_state.capture()
+        record.draws = record.draws or self._moved(step, record.before_iterator)
+        self._write(step)
+
+    def data_reached(self, key: int | None = None) -> None:
+        """Minibatch ``rt.step`` takes its data: a fetch (of ``key``) or its first training forward (None)."""
+        if self._restore is not None:  # the redone run made no new iterator of the epoch's loader before its data
+            state, self._restore = self._restore[1], None
+            rng_state.restore(state)
+            self._refuse(f"rank {self.rt.rank}'s redone minibatch {self.rt.resumed_from} starts an epoch, but took its "
+                         f"data without making a new iterator of that DataLoader after the resume (one made before "
+                         f"jit_get_checkpoint_path() drew its seed from another state)")
+            return
+        step = self.rt.step
+        if self._open_for != step or (key is not None and self._train_keys and key not in self._train_keys):
+            return
+        self._open_for = None
+        record = self._records.setdefault(step, GapRecord())
+        stashed = self.rt.rng_stashed_for(step)
+        if stashed is not None:
+            now = rng_state.capture()
+            if record.before_iterator is None:
+                record.draws = record.draws or _global(now) != _global(stashed)
+            if now != stashed:
+                self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
+            record.refined = True
+        self._write(step)
+
+    def _moved(self, step: int, now: bytes) -> bool:
+        stashed = self.rt.rng_stashed_for(step)
+        return stashed is not None and _global(now) != _global(stashed)
+
+    def before_save(self) -> None:
+        """A JIT save of minibatch ``rt.step`` begins: if this rank is still in its gap, record the draws so far."""
+        step = self.rt.step
+        record = self._records.get(step)
+        if self._open_for != step or record is None or record.refined or record.before_iterator is not None:
+            return
+        if self._moved(step, rng_state.capture()):
+            record.draws = True
+            self._write(step)
+
+    # ----- after a resume ----------------------------------------------------------------
+
+    def arm_resume(self, own: GapRecord | None, others: list[GapRecord], own_state: bytes | None,
+                   refuse: Callable[[str], None]) -> str | None:
+        """Prepare the redone minibatch's RNG restore; returns why it cannot be exact (None: it can).
+
+        ``own``: this rank's record of the resumed minibatch, ``others``: other ranks' (structural facts: an epoch
+        start, draws in the gap), ``own_state``: this rank's stashed RNG state for it; ``refuse`` is called if
+        the redone run turns out not to make the epoch's iterator anew.
+        """
+        self._refuse = refuse
+        epoch_key = own.epoch_key if own is not None and own.epoch_key is not None else next(
+            (r.epoch_key for r in others if r.epoch_key is not None), None)
+        draws = any(r.draws for r in [*([own] if own else []), *others])
+        step = self.rt.resumed_from
+        if epoch_key is not None:
+            state = own.before_iterator if own is not None else None
+            if state is None and not draws:
+                state = own_state  # (nothing drawn before the epoch's iterator: the state at the step is that state)
+            if state is None:
+                return (f"rank {self.rt.rank}'s RNG state right before minibatch {step}'s new epoch iterator is not "
+                        f"known: random numbers were drawn between minibatch {step - 1}'s optimizer step and that "
+                        f"iterator (an evaluation, another DataLoader's iterator), which this rank did not reach, and "
+                        f"which the resumed run does not repeat")
+            self._restore = (epoch_key, state)
+            self.rt.take_pending_rng()  # (not again at the fetch, the forward or a framework's batch start)
+            return None
+        if draws and not (own is not None and own.refined):
+            return (f"random numbers were drawn between minibatch {step - 1}'s optimizer step and minibatch {step}'s "
+                    f"data (an evaluation, a DataLoader iterator, the script's own draws), and rank {self.rt.rank} "
+                    f"did not reach minibatch {step}'s data in the run that failed: its state after those draws is "
+                    f"not known, and the resumed run does not repeat them")
+        return None
+
+
+def records_of_step(step_path: Path, exclude: Path | None = None) -> list[GapRecord]:
+    """Every rank's gap record that the checkpoints of one step carry (unreadable ones left out)."""
+    found = []
+    for rank_dir in sorted(step_path.iterdir()):
+        if rank_dir.name.startswith(".") or rank_dir == exclude:
+            continue
+        folder = rank_dir / stash.KINDS[stash.GAP][1]
+        if not folder.is_dir():
+            continue
+        for file in sorted(folder.iterdir()):
+            try:
+                found.append(GapRecord.decode(file.read_bytes()))
+            except (OSError, GapRecordError):
+                continue
+    return found
