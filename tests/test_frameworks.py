@@ -39,10 +39,11 @@ LIGHTNING_JOB = PROGRAMS / "lightning_job.py"
 TIMEOUT = 300
 
 
-def _run(script: Path, args: list[str], workdir: Path, fault: str = "", jit: bool = True) -> tuple[str, dict | None]:
+def _run(script: Path, args: list[str], workdir: Path, fault: str = "", jit: bool = True,
+         extra_env: dict[str, str] | None = None, expect: int = 0) -> tuple[str, dict | None]:
     """Run ``script`` on 2 ranks under jit-run (or plain torchrun); returns its output and jit-run's report."""
     workdir.mkdir(parents=True, exist_ok=True)
-    env = job_env()
+    env = {**job_env(), **(extra_env or {})}
     env.pop("JOB_FAULT", None)
     if fault:
         env["JOB_FAULT"] = fault
@@ -55,7 +56,7 @@ def _run(script: Path, args: list[str], workdir: Path, fault: str = "", jit: boo
         cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun[1:]]
     proc = subprocess.run(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=TIMEOUT)
-    assert proc.returncode == 0, proc.stdout[-5000:]
+    assert proc.returncode == expect, proc.stdout[-5000:]
     return proc.stdout, json.loads(report.read_text()) if jit else None
 
 
@@ -113,13 +114,19 @@ def lightning_fault_free(tmp_path_factory) -> str:
 # The hang freezes a rank before the second micro-batch: the other one waits in the
 # gradient all-reduce that Lightning runs inside optimizer.step(closure).  That run
 # imports the framework as pytorch_lightning (the same code under its other name).
+# The third kills a rank before the optimizer step that ends epoch 0: the other rank finishes it, makes
+# epoch 1's data loader (which draws its base seed from the global generator) and saves minibatch 4 in the
+# broadcast Lightning issues before each batch.  Before, the resumed epoch drew other random numbers and the
+# job ended with other parameters, reported ``completed``.
 LIGHTNING_CASES = [
     ("kill,rank=1,step=5,micro=0", 5, "lightning.pytorch"),
     ("hang,rank=0,step=8,micro=1", 8, "pytorch_lightning"),
+    ("kill,rank=1,step=3,at=before_optimizer_step", 4, "lightning.pytorch"),
 ]
 
 
-@pytest.mark.parametrize("fault,step,package", LIGHTNING_CASES, ids=["kill-mid-epoch", "hang-epoch-start-in-closure"])
+@pytest.mark.parametrize("fault,step,package", LIGHTNING_CASES,
+                         ids=["kill-mid-epoch", "hang-epoch-start-in-closure", "kill-before-an-epochs-last-step"])
 def test_lightning_bit_exact(tmp_path, lightning_fault_free, fault, step, package):
     output, report = _run(LIGHTNING_JOB, [package], tmp_path, fault=fault)
     assert _sha(output) == lightning_fault_free, "parameters differ from the fault-free run\n" + output[-5000:]
@@ -127,12 +134,25 @@ def test_lightning_bit_exact(tmp_path, lightning_fault_free, fault, step, packag
     if fault.startswith("hang"):
         (failure,) = report["failures"]
         assert any(d["how"] == "hang" and d["phase"] == "allreduce" for d in failure["detected_by"]), failure
-    else:
+    elif step == 5:
         assert "skips the 2 batches it already trained on" in output
     for rank_dir in _checkpoints(tmp_path, step):
         checkpoint = torch.load(rank_dir / "lightning.ckpt", weights_only=False)
         progress = checkpoint["loops"]["fit_loop"]["epoch_loop.automatic_optimization.optim_progress"]
         assert checkpoint["global_step"] == step and progress["optimizer"]["step"]["total"]["completed"] == step
+
+
+def test_an_evaluation_that_a_killed_rank_never_finished_stops_the_job(tmp_path):
+    """The Trainer evaluates at each epoch's end; rank 1 is killed in the evaluation after global step 4,
+    rank 0 saves minibatch 4 in the evaluation's all-gather.  The evaluation drew from the global generator
+    (its data loader's seed) and the resumed Trainer does not evaluate again: no rank's state for minibatch 4
+    is known.  Before, the job ended with other parameters, reported ``completed``; now it stops with the
+    reason."""
+    output, report = _run(HF_JOB, [], tmp_path, fault="kill,rank=1,step=4,at=prediction_step",
+                          extra_env={"JOB_EVAL": "1"}, expect=77)
+    assert report["outcome"] == "stopped", report
+    assert "random numbers were drawn between minibatch 3's optimizer step" in output, output[-5000:]
+    assert "final parameters sha256" not in output
 
 
 def test_a_save_function_the_script_registers_wins():

@@ -7,6 +7,8 @@ Rank 0 prints the sha256 of the final parameters.
 JOB_FAULT="kill|hang,rank=R,step=S" makes rank R SIGKILL or SIGSTOP itself in
 ``on_step_begin`` of global step S, in the first attempt only
 (TORCHELASTIC_RESTART_COUNT 0): a failure the script itself knows nothing of.
+``,at=prediction_step``: in ``on_prediction_step`` of the evaluation at global
+step S instead.  JOB_EVAL=1: evaluate on 16 sequences at every epoch's end.
 """
 
 from __future__ import annotations
@@ -37,14 +39,22 @@ class FaultInjector(TrainerCallback):
     def __init__(self, spec: str) -> None:
         self.signal, where = parse_fault(spec)
         self.rank, self.step = where["rank"], where["step"]
+        self.at = where.get("at", "step_begin")
+
+    def _maybe(self, at: str, args, state) -> None:
+        if self.at == at and first_attempt() and args.process_index == self.rank and state.global_step == self.step:
+            inject(self.signal, f"rank {self.rank}, global step {self.step}, {at}")
 
     def on_step_begin(self, args, state, control, **kwargs):
-        if first_attempt() and args.process_index == self.rank and state.global_step == self.step:
-            inject(self.signal, f"rank {self.rank}, global step {self.step}")
+        self._maybe("step_begin", args, state)
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self._maybe("prediction_step", args, state)
 
 
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else "hf-output"
+    evaluate = os.environ.get("JOB_EVAL") == "1"
     args = TrainingArguments(
         output_dir=out,
         num_train_epochs=3,
@@ -57,7 +67,8 @@ def main() -> None:
         seed=7,
         dataloader_drop_last=True,
         save_strategy="no",
-        eval_strategy="no",
+        eval_strategy="epoch" if evaluate else "no",
+        per_device_eval_batch_size=4,
         logging_strategy="no",
         report_to=[],
         disable_tqdm=True,
@@ -71,7 +82,8 @@ def main() -> None:
     model = GPT2LMHeadModel(config)
     callbacks = [FaultInjector(os.environ["JOB_FAULT"])] if os.environ.get("JOB_FAULT") else []
     # 64 sequences, 2 ranks x 4 per device x 2 accumulation: 4 optimizer steps per epoch, 12 in all
-    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(64, 16, 64), callbacks=callbacks)
+    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(64, 16, 64),
+                      eval_dataset=TokenDataset(16, 16, 64) if evaluate else None, callbacks=callbacks)
     trainer.train()
     if args.process_index == 0:
         print_result(trainer.model.state_dict(), trainer.state.global_step)

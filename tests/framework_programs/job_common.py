@@ -7,10 +7,11 @@ import os
 import signal
 
 
-def parse_fault(spec: str) -> tuple[signal.Signals, dict[str, int]]:
-    """``kill|hang,rank=R,step=S[,micro=M]`` -> (SIGKILL or SIGSTOP, {"rank": R, "step": S, ...})."""
+def parse_fault(spec: str) -> tuple[signal.Signals, dict[str, int | str]]:
+    """``kill|hang,rank=R,step=S[,micro=M][,at=HOOK]`` -> (SIGKILL or SIGSTOP, {"rank": R, "step": S, ...})."""
     kind, *fields = spec.split(",")
-    return {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}[kind], {k: int(v) for k, v in (f.split("=") for f in fields)}
+    return {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}[kind], {
+        k: int(v) if v.lstrip("-").isdigit() else v for k, v in (f.split("=") for f in fields)}
 
 
 def first_attempt() -> bool:

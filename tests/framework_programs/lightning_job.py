@@ -11,7 +11,8 @@ itself in ``on_train_batch_start`` of micro-batch M (0 or 1) of global step S,
 in the first attempt only (TORCHELASTIC_RESTART_COUNT 0).  Lightning runs the
 last micro-batch's forward and backward inside ``optimizer.step(closure)``, so
 with M=1 the other rank waits for the frozen one in that step's gradient
-all-reduce.
+all-reduce.  ``,at=before_optimizer_step``: in ``on_before_optimizer_step``
+of global step S instead (its gradients all-reduced, its step not taken).
 """
 
 from __future__ import annotations
@@ -49,11 +50,17 @@ class FaultInjector(pl.Callback):
     def __init__(self, spec: str) -> None:
         self.signal, where = parse_fault(spec)
         self.rank, self.step, self.micro = where["rank"], where["step"], where.get("micro", 0)
+        self.at = where.get("at", "train_batch_start")
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if (first_attempt() and trainer.global_rank == self.rank and trainer.global_step == self.step
-                and batch_idx % ACCUMULATE == self.micro):
+        if (self.at == "train_batch_start" and first_attempt() and trainer.global_rank == self.rank
+                and trainer.global_step == self.step and batch_idx % ACCUMULATE == self.micro):
             inject(self.signal, f"rank {self.rank}, global step {self.step}, micro-batch {self.micro}")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if (self.at == "before_optimizer_step" and first_attempt() and trainer.global_rank == self.rank
+                and trainer.global_step == self.step):
+            inject(self.signal, f"rank {self.rank}, before the optimizer step of global step {self.step}")
 
 
 def main() -> None:

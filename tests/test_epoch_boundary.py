@@ -1,0 +1,71 @@
+"""Failures at an epoch's end, in the most common loop: a plain DataLoader made anew each epoch, drawing as it goes.
+
+Between one epoch's last optimizer step and the next epoch's first batch the
+script makes a new DataLoader iterator, which draws its base seed (and, with
+workers, seeds them from it) from the global generator; an evaluation may
+draw there too.  The RNG state a redone minibatch starts with is recorded at
+the step before; the fault-free run drew between.  Before, every one of the
+bit-exact cases below ended with other parameters than the fault-free run
+and reported ``completed`` (tests/user_programs/epoch_boundary.py: 3 ranks,
+4 minibatches per epoch, so minibatch 8 starts epoch 2).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO, reference_sha, run_jit
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = REPO / "tests" / "user_programs" / "epoch_boundary.py"
+NPROC = 3
+
+
+def _reference(extra: list[str]) -> str:
+    return reference_sha(nproc=NPROC, args=extra, script=SCRIPT)
+
+
+@pytest.mark.parametrize("workers, die", [
+    ("0", "1:8:kill-forward"),   # the rank made the new iterator and took its first batch, then died
+    ("0", "2:7:stop-epoch-end"),  # frozen after its last step of epoch 1, before the new iterator
+    ("2", "0:8:kill-forward"),   # workers seeded from the new iterator's base seed, augmenting in them
+], ids=["in-process-killed-at-the-first-batch", "in-process-frozen-between-epochs", "workers-killed-at-the-first-batch"])
+def test_an_epochs_first_minibatch_is_redone_with_the_random_numbers_of_the_fault_free_run(tmp_path, workers, die):
+    extra = ["--workers", workers]
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", die])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == 8 and failure["minibatches_redone"] == 1, failure
+    assert result.report["outcome"] == "completed", result.report
+    assert result.sha == _reference(extra), result.output[-4000:]
+
+
+def test_an_evaluation_that_draws_between_epochs_is_repeated_from_the_ranks_own_record(tmp_path):
+    """The evaluation after epoch 1 draws its noise from the global generator, then the ranks meet in its
+    all-reduce.  Rank 1 dies at minibatch 8's forward, after the evaluation and the new iterator: every rank
+    recorded its state right before that iterator, and puts it back there."""
+    extra = ["--eval-draws"]
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", "1:8:kill-forward"])
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.report["failures"][0]["resumed_from_minibatch"] == 8, result.report
+    assert result.sha == _reference(extra), result.output[-4000:]
+
+
+def test_draws_between_epochs_that_a_rank_never_saw_stop_the_job(tmp_path):
+    """Rank 2 freezes before the evaluation; the others draw its noise and wait in its all-reduce, where
+    they save minibatch 8.  The resumed run does not evaluate again, and no rank knows its state after those
+    draws: the job stops with the reason (before: ``completed`` with other parameters); with
+    --allow-inexact-resume it goes on and says so."""
+    extra = ["--eval-draws"]
+    args = [*extra, "--die", "2:7:stop-epoch-end"]
+    stopped = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=args)
+    assert stopped.returncode == 77, (stopped.returncode, stopped.output[-4000:])
+    assert stopped.report["outcome"] == "stopped", stopped.report
+    assert "random numbers were drawn between minibatch 7's optimizer step and that iterator" in stopped.output, \
+        stopped.output[-4000:]
+    allowed = run_jit(tmp_path / "ckpt-allowed", nproc=NPROC, script=SCRIPT, args=args,
+                      jit_options=["--allow-inexact-resume"])
+    assert allowed.returncode == 0, allowed.output[-4000:]
+    assert allowed.report["outcome"] == "completed, not bit-exact", allowed.report
+    assert allowed.sha is not None and allowed.sha != _reference(extra), allowed.output[-4000:]

@@ -1,0 +1,101 @@
+"""A user's epoch loop over a plain DataLoader that draws random numbers as it goes, and a rank that fails near an epoch's end.
+
+The most common loop there is: a map-style dataset that augments each sample
+with ``torch.rand`` (in the training process with ``--workers 0``, else in
+the loader's workers, seeded from the iterator's base seed), a shuffled
+``DistributedSampler`` with ``set_epoch``, a new iterator every epoch (not
+persistent), dropout with per-rank seeds, DDP, SGD with momentum.  On resume
+the script skips to its position by iterating.  Making an iterator draws its
+base seed from the global generator, between one epoch's last optimizer
+step and the next epoch's first batch.
+
+``--eval-draws``: after every epoch, an evaluation whose input noise comes
+from the global generator, and an all-reduce of its metric (the ranks meet
+there, between the two minibatches).  ``--die RANK:STEP:WHERE`` (first
+attempt only) SIGKILLs (``kill-*``) or SIGSTOPs (``stop-*``) that rank:
+``*-forward`` right before minibatch STEP's forward, ``*-epoch-end`` after
+the epoch whose last minibatch is STEP, before anything else.  Prints
+``final parameters sha256 <hex>`` on rank 0.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+from jobkit import INPUT_DIM, attempt, die, finish, job_parser, use_jitckpt
+
+
+class Augmented(Dataset):
+    """Fixed samples, each drawn anew with noise from whatever generator the process (or worker) has."""
+
+    def __init__(self, size: int) -> None:
+        g = torch.Generator().manual_seed(7)
+        self.x = torch.randn(size, INPUT_DIM, generator=g)
+        self.y = self.x[:, :4].sum(1, keepdim=True).tanh()
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i] + 0.1 * torch.rand(INPUT_DIM), self.y[i]
+
+
+def main() -> None:
+    p = job_parser(__doc__)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--eval-draws", action="store_true")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    model = nn.Sequential(nn.Linear(INPUT_DIM, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    torch.manual_seed(args.seed + 101 * rank)  # each rank's own dropout and augmentation
+    ddp = DDP(model)
+    dataset = Augmented(48)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=args.workers)
+    per_epoch = len(loader)
+    progress = {"step": 0}
+    start = use_jitckpt(progress, {"model": model}, {"optimizer": optimizer})
+    die_rank, die_step, where = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")
+
+    def maybe_die(step: int, here: str) -> None:
+        if attempt() == 0 and rank == int(die_rank) and step == int(die_step) and where.endswith(here):
+            die(rank, step, here, signal.SIGKILL if where.startswith("kill") else signal.SIGSTOP)
+
+    step = start
+    for epoch in range(start // per_epoch, args.epochs):
+        sampler.set_epoch(epoch)
+        for i, (x, y) in enumerate(loader):
+            if i < start - epoch * per_epoch:
+                continue  # (skipping to the resumed position)
+            progress["step"] = step
+            maybe_die(step, "forward")
+            loss = nn.functional.mse_loss(ddp(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            progress["step"] = step  # (what a checkpoint taken before the next minibatch resumes at)
+        maybe_die(step - 1, "epoch-end")
+        if args.eval_draws:
+            model.eval()
+            with torch.no_grad():
+                metric = nn.functional.mse_loss(model(dataset.x + 0.1 * torch.rand_like(dataset.x)), dataset.y)
+            dist.all_reduce(metric.reshape(1))
+            model.train()
+    finish(rank, {"model": model})
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
