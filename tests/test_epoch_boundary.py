@@ -69,3 +69,17 @@ def test_draws_between_epochs_that_a_rank_never_saw_stop_the_job(tmp_path):
     assert allowed.returncode == 0, allowed.output[-4000:]
     assert allowed.report["outcome"] == "completed, not bit-exact", allowed.report
     assert allowed.sha is not None and allowed.sha != _reference(extra), allowed.output[-4000:]
+
+
+def test_a_rank_that_freezes_in_its_own_save_does_not_hold_the_teardown(tmp_path):
+    """Rank 1 is killed at minibatch 5; rank 2 freezes a second into its JIT save, after torchrun's teardown
+    began.  Before, the teardown waited the whole --save-grace for it (30 s here) and then torchrun killed
+    it; jit-run's agent now kills a worker it sees stopped during the grace period, and rank 0's save is
+    enough to resume bit-exact."""
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=["--die", "1:5:kill-forward",
+                                                                           "--freeze-in-save", "2"])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert "rank 2: hung (process frozen), killed by jit-run at teardown" in failure["what_failed"], failure
+    assert failure["resumed_from_minibatch"] == 5, failure
+    assert result.sha == _reference([]), result.output[-4000:]

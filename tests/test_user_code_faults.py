@@ -243,3 +243,17 @@ def test_a_script_resuming_from_its_own_counter_one_behind_is_stopped_not_run_tw
     assert allowed.returncode == 0, allowed.output[-4000:]
     assert allowed.report["outcome"] == "completed, not bit-exact", allowed.report
     assert allowed.sha is not None and allowed.sha != _fault_free_sha("--log-allreduce"), allowed.output[-4000:]
+
+
+def test_a_rank_frozen_after_the_jobs_last_collective_does_not_hold_it_forever(tmp_path, clip_fault_free_sha):
+    """Rank 1 freezes between the backward and the step of the last minibatch: the others finish the job and
+    exit, and no collective is left in which anyone would wait for it.  Before, torchrun waited for it forever
+    (jit-run never returned).  jit-run's agent kills a worker stopped for twice the hang timeout; torchrun
+    restarts the job, which has no checkpoint to resume from and trains again to the same parameters; the
+    report says what happened and how much was redone."""
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=SCRIPT, args=[*ARGS, "--die", "1:15:stop"], timeout=240)
+    assert result.returncode == 0, result.output[-4000:]
+    assert "rank 1: hung (process frozen), killed by jit-run after" in result.output, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["restarted_fresh"] and failure["minibatches_redone"] == 16, failure
+    assert result.sha == clip_fault_free_sha, result.output[-4000:]

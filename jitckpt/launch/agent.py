@@ -19,8 +19,13 @@ patches to its ``LocalElasticAgent`` and process context:
    ``SignalException`` there, and its ``finally``).
 2. **Frozen workers.**  A worker stopped by SIGSTOP (a hung node, in tests)
    cannot save and cannot act on SIGTERM; on every teardown path (the same
-   ``PContext.close``) it is killed at once instead of holding the teardown
-   for the whole grace period.
+   ``PContext.close``) it is killed as soon as it is seen stopped, at the
+   start or during the grace period (one that freezes in its own save),
+   instead of holding the teardown for the whole grace period.  Outside a
+   teardown, a worker stopped for twice the hang timeout is killed too: its
+   peers would have met it in a collective by then, unless none is left to
+   wait for it (they finished the job while it froze in its last minibatch,
+   after the last collective), which would otherwise hold torchrun forever.
 3. **Events.**  Worker failures and restarts are written to the job's event
    log for the recovery report.
 4. **Crashes after a finished script.**  A worker whose training script
@@ -70,20 +75,53 @@ def _teardown_timeout() -> float:
     return config.env_float(config.ENV_SAVE_GRACE, config.DEFAULT_SAVE_GRACE)
 
 
-def _kill_frozen_workers(pcontext: Any) -> None:
-    """Patch 2: SIGKILL every worker of ``pcontext`` that is stopped (state T), and record it."""
+def _kill_frozen_workers(pcontext: Any, stopped_since: dict[int, float] | None = None, after: float = 0.0) -> None:
+    """Patch 2: SIGKILL every worker of ``pcontext`` that is stopped (state T), and record it.
+
+    With ``stopped_since`` (pid -> when it was first seen stopped), only those stopped for ``after`` seconds.
+    """
     try:
         pids = pcontext.pids()
     except AssertionError:  # MultiprocessContext before start(): nothing to kill
         return
+    now = time.monotonic()
     for local_rank, pid in pids.items():
-        if _process_state(pid) == "T":
-            rank = getattr(pcontext, "envs", {}).get(local_rank, {}).get("RANK")
-            eventlog.record("worker_frozen_killed", rank=None if rank is None else int(rank), worker_pid=pid)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if _process_state(pid) != "T":
+            if stopped_since is not None:
+                stopped_since.pop(pid, None)
+            continue
+        if stopped_since is not None and now - stopped_since.setdefault(pid, now) < after:
+            continue
+        rank = getattr(pcontext, "envs", {}).get(local_rank, {}).get("RANK")
+        eventlog.record("worker_frozen_killed", rank=None if rank is None else int(rank), worker_pid=pid,
+                        seconds=round(now - stopped_since[pid], 1) if stopped_since is not None else None)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class _FrozenWatch:
+    """During a teardown's grace period: kill a worker that freezes while the others save (patch 2)."""
+
+    def __init__(self, pcontext: Any) -> None:
+        import threading
+
+        self._pcontext = pcontext
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jitckpt-frozen-watch", daemon=True)
+
+    def __enter__(self) -> "_FrozenWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            _kill_frozen_workers(self._pcontext)
 
 
 def _patch_teardown() -> None:
@@ -101,7 +139,8 @@ def _patch_teardown() -> None:
     def close(self: Any, death_sig: signal.Signals | None = None, timeout: int = 30) -> None:
         # ``timeout`` is torchrun's (30 s, --shutdown-timeout or a caller's default): --save-grace replaces it.
         _kill_frozen_workers(self)
-        original_close(self, death_sig, _teardown_timeout())  # type: ignore[arg-type]
+        with _FrozenWatch(self):
+            original_close(self, death_sig, _teardown_timeout())  # type: ignore[arg-type]
 
     close._jitckpt_patched = True  # type: ignore[attr-defined]
     PContext.close = close  # type: ignore[method-assign]
@@ -120,6 +159,10 @@ def patch_agent() -> None:
         from jitckpt.launch import warm_start
 
         warm_start.reap_now_and_then()  # (the orphans this agent adopts as a subreaper)
+        pcontext = getattr(self, "_pcontext", None)
+        if not result.failures and pcontext is not None:  # patch 2: frozen with no peer left to notice
+            hang = config.env_float(config.ENV_HANG_TIMEOUT, config.DEFAULT_HANG_TIMEOUT)
+            _kill_frozen_workers(pcontext, self.__dict__.setdefault("_jitckpt_stopped_since", {}), 2 * hang)
         if result.failures:
             seen = self.__dict__.setdefault("_jitckpt_reported", set())
             for rank, failure in result.failures.items():

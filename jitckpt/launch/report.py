@@ -58,7 +58,9 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
         how = f"killed by signal {-code}" if isinstance(code, int) and code < 0 else f"exited with status {code}"
         what.append(f"rank {f['rank']}: {how}")
     for e in frozen:
-        what.append(f"rank {e['rank']}: hung (process frozen), killed by jit-run at teardown")
+        when = (f"after {e['seconds']:g}s stopped with no failure seen (its peers had nothing left to wait for it in)"
+                if e.get("seconds") is not None else "at teardown")
+        what.append(f"rank {e['rank']}: hung (process frozen), killed by jit-run {when}")
     for e in _of(records, "resume_refused", attempt):
         what.append(f"rank {e['rank']}: refused to resume from minibatch {e.get('step')}: {e['reason']}")
 
@@ -79,12 +81,20 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
     warm = _of(records, "warm_start", attempt + 1)  # restarted from the template (jitckpt.launch.warm_start)
 
     furthest = max([d["step"] for d in detections] + [e["step"] for e in injected], default=None)
+    # A failure nobody detected (a worker frozen after its peers finished): the minibatches they completed.
+    completed = max((e["step"] for e in _of(records, "worker_exit", attempt)), default=None)
     if furthest is not None and resumed_step is not None:
         redone = furthest - resumed_step + 1
     elif furthest is not None and fresh:
         redone = furthest + 1
+    elif completed is not None and (resumed_step is not None or fresh):
+        redone = max(0, completed - (resumed_step or 0))
     else:
         redone = None
+    # Resumed at the job's last minibatch (the failure struck after its last step): nothing is trained again.
+    final = max((e["step"] for e in _of(records, "worker_exit")), default=None)
+    if redone is not None and final is not None and (resumed_step is not None or fresh):
+        redone = min(redone, max(0, final - (resumed_step or 0)))
 
     def span(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else round(max(0.0, b - a), 3)

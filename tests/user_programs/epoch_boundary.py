@@ -14,13 +14,16 @@ from the global generator, and an all-reduce of its metric (the ranks meet
 there, between the two minibatches).  ``--die RANK:STEP:WHERE`` (first
 attempt only) SIGKILLs (``kill-*``) or SIGSTOPs (``stop-*``) that rank:
 ``*-forward`` right before minibatch STEP's forward, ``*-epoch-end`` after
-the epoch whose last minibatch is STEP, before anything else.  Prints
+the epoch whose last minibatch is STEP, before anything else.
+``--freeze-in-save RANK``: that rank SIGSTOPs itself a second into its JIT
+save (first attempt only).  Prints
 ``final parameters sha256 <hex>`` on rank 0.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -52,6 +55,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--eval-draws", action="store_true")
+    p.add_argument("--freeze-in-save", type=int, default=-1)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -65,7 +69,12 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=args.workers)
     per_epoch = len(loader)
     progress = {"step": 0}
-    start = use_jitckpt(progress, {"model": model}, {"optimizer": optimizer})
+    def freeze_in_save() -> None:
+        if attempt() == 0 and rank == args.freeze_in_save:
+            time.sleep(1.0)
+            die(rank, progress["step"], "frozen in its save", signal.SIGSTOP)
+
+    start = use_jitckpt(progress, {"model": model}, {"optimizer": optimizer}, in_save=freeze_in_save)
     die_rank, die_step, where = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")
 
     def maybe_die(step: int, here: str) -> None:

@@ -88,16 +88,18 @@ def trace(args: argparse.Namespace, rank: int, step: int, models: dict[str, torc
 
 
 def use_jitckpt(progress: dict[str, int], models: dict[str, torch.nn.Module], stateful: dict[str, Any],
-                slow_save: float = 0.0) -> int:
+                slow_save: float = 0.0, in_save: Any = None) -> int:
     """jitckpt's two calls; returns the minibatch to start at.
 
     ``stateful``: optimizers, schedulers, scalers (anything with state_dict /
     load_state_dict), saved as they are, without collectives.  ``slow_save``
     seconds pass between writing them and writing the models (a large
-    checkpoint on slow storage).
+    checkpoint on slow storage); ``in_save`` is called first thing in the save (a fault placed there).
     """
 
     def save(path: str) -> None:
+        if in_save is not None:
+            in_save()
         others = {name: obj.state_dict() for name, obj in stateful.items()}
         if slow_save:
             time.sleep(slow_save)
