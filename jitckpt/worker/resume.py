@@ -143,8 +143,12 @@ def _no_rng_state(rt: "JitRuntime", info: CheckpointInfo) -> None:
     change, and ranks beyond the old world size never had a state).
     """
     saved_world = info.meta.get("world_size")
+    held = sorted(stash.read_stash(rng_state.stash_path(rt.shm_dir, rt.rank))) if rt.shm_dir is not None else []
+    why = (f"its host's stash has moved on to minibatch {', '.join(map(str, held))}: this rank had gone past "
+           f"minibatch {info.step} before a replica saved that one (a second failure during the recovery?)"
+           if held and min(held) > info.step else "its host was lost?")
     what = (f"no RNG state for rank {rt.rank} at minibatch {info.step} in its host's stash or in any replica's "
-            f"checkpoint (its host was lost?)")
+            f"checkpoint ({why})")
     if rt.stash is None or (saved_world is not None and int(saved_world) != rt.world_size):
         log(f"{what}; the redone minibatch will draw different random numbers")
         return
