@@ -192,9 +192,9 @@ class MinibatchGap:
         stashed = self.rt.rng_stashed_for(step)
         if stashed is not None:
             now = rng_state.capture()
-            if record.before_iterator is None:
-                record.draws = record.draws or _global(now) != _global(stashed)
             if now != stashed:
+                if record.before_iterator is None:
+                    record.draws = record.draws or _global(now) != _global(stashed)
                 self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
             record.refined = True
         self._write(step)
