@@ -143,6 +143,8 @@ def test_lightning_bit_exact(tmp_path, lightning_fault_free, fault, step, packag
 
 
 def test_an_evaluation_that_a_killed_rank_never_finished_stops_the_job(tmp_path):
+    # (and a Lightning job whose validation drew between the two minibatches stops likewise: its resume runs
+    # that validation again, which jitckpt does not model)
     """The Trainer evaluates at each epoch's end; rank 1 is killed in the evaluation after global step 4,
     rank 0 saves minibatch 4 in the evaluation's all-gather.  The evaluation drew from the global generator
     (its data loader's seed) and the resumed Trainer does not evaluate again: no rank's state for minibatch 4
@@ -151,7 +153,7 @@ def test_an_evaluation_that_a_killed_rank_never_finished_stops_the_job(tmp_path)
     output, report = _run(HF_JOB, [], tmp_path, fault="kill,rank=1,step=4,at=prediction_step",
                           extra_env={"JOB_EVAL": "1"}, expect=77)
     assert report["outcome"] == "stopped", report
-    assert "random numbers were drawn between minibatch 3's optimizer step" in output, output[-5000:]
+    assert "drew random numbers between minibatch 3's optimizer step" in output, output[-5000:]
     assert "final parameters sha256" not in output
 
 

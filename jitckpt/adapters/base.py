@@ -71,6 +71,7 @@ def claim(rt: "JitRuntime", save_fn: Callable[[str], Any], framework: str) -> bo
         return False
     setattr(save_fn, _ADAPTER_SAVE, True)
     rt.save_fn = save_fn
+    rt.framework = framework  # (jitckpt.worker.minibatch_gap: a framework's resume replays work of its own)
     return True
 
 

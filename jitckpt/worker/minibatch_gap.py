@@ -195,7 +195,8 @@ class MinibatchGap:
             if now != stashed:
                 if record.before_iterator is None:
                     record.draws = record.draws or _global(now) != _global(stashed)
-                self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
+                if getattr(self.rt, "framework", None) is None:  # (a framework adapter stashes at its own points)
+                    self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
             record.refined = True
         self._write(step)
 
@@ -228,6 +229,12 @@ class MinibatchGap:
             (r.epoch_key for r in others if r.epoch_key is not None), None)
         draws = any(r.draws for r in [*([own] if own else []), *others])
         step = self.rt.resumed_from
+        framework = getattr(self.rt, "framework", None)
+        if framework is not None and draws:
+            return (f"{framework} drew random numbers between minibatch {step - 1}'s optimizer step and minibatch "
+                    f"{step}'s data (an evaluation or validation), and a framework's resume may run part of that work "
+                    f"again (Lightning reruns the validation that followed the saved minibatch), which jitckpt cannot "
+                    f"follow: the redone minibatch's random numbers cannot be shown to be the fault-free run's")
         if epoch_key is not None:
             state = own.before_iterator if own is not None else None
             if state is None and not draws:
