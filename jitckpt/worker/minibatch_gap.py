@@ -194,7 +194,7 @@ class MinibatchGap:
             now = rng_state.capture()
             if now != stashed:
                 if record.before_iterator is None:
-                    record.draws = record.draws or _global(now) != _global(stashed)
+                    record.draws = record.draws or self._moved(step, now)
                 if getattr(self.rt, "framework", None) is None:  # (a framework adapter stashes at its own points)
                     self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
             record.refined = True
