@@ -157,6 +157,33 @@ def test_an_evaluation_that_a_killed_rank_never_finished_stops_the_job(tmp_path)
     assert "final parameters sha256" not in output
 
 
+@pytest.fixture(scope="module")
+def hf_eval_fault_free(tmp_path_factory) -> str:
+    output, _ = _run(HF_JOB, [], tmp_path_factory.mktemp("hf-eval-plain"), jit=False, extra_env={"JOB_EVAL": "1"})
+    return _sha(output)
+
+
+def test_an_evaluation_at_each_epochs_end_a_rank_finished_is_exact(tmp_path, hf_eval_fault_free):
+    """The Trainer evaluates at each epoch's end (its data loader draws a seed from the global generator); rank 1
+    is killed at the start of global step 4, the first of epoch 1, after the evaluation: its own state for that
+    minibatch, stashed where HF's resume restores it (the end of ``on_epoch_begin``), is exact."""
+    output, report = _run(HF_JOB, [], tmp_path, fault="kill,rank=1,step=4", extra_env={"JOB_EVAL": "1"})
+    assert _sha(output) == hf_eval_fault_free, "parameters differ from the fault-free run\n" + output[-5000:]
+    _one_recovery(report, 4, output)
+
+
+def test_a_rank_killed_between_the_evaluation_and_its_epoch_start_stops_the_job(tmp_path):
+    """Rank 1 is killed in ``on_epoch_begin`` of epoch 1, after the evaluation that drew, before HF's point where
+    jitckpt stashes its state; rank 0 saves minibatch 4.  Rank 1's stash is from before the evaluation, which the
+    resumed Trainer does not run again.  Before, rank 1 resumed from that stash and the job ended ``completed``
+    with other parameters than the fault-free run; now it stops and says why."""
+    output, report = _run(HF_JOB, [], tmp_path, fault="kill,rank=1,step=4,at=epoch_begin",
+                          extra_env={"JOB_EVAL": "1"}, expect=77)
+    assert report["outcome"] == "stopped", report
+    assert "rank 1 did not get to its start of minibatch 4 in the run that failed" in output, output[-5000:]
+    assert "final parameters sha256" not in output
+
+
 def test_a_save_function_the_script_registers_wins():
     """The adapters register the framework's save only where the script registered none of its own."""
     from types import SimpleNamespace

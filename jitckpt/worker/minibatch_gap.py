@@ -69,6 +69,7 @@ class GapRecord:
     epoch_key: int | None = None        # the loader whose new iterator starts minibatch ``step`` (an epoch start)
     before_iterator: bytes | None = None  # the RNG state right before that iterator was made
     refined: bool = False                # the RNG stash of ``step`` was taken again at its data (exact)
+                                         # (with a framework adapter: at the framework's own start of ``step``)
     draws: bool = False                  # the global generators moved in the gap (before the epoch's iterator)
 
     def encode(self) -> bytes:
@@ -192,12 +193,25 @@ class MinibatchGap:
         stashed = self.rt.rng_stashed_for(step)
         if stashed is not None:
             now = rng_state.capture()
-            if now != stashed:
-                if record.before_iterator is None:
-                    record.draws = record.draws or self._moved(step, now)
-                if getattr(self.rt, "framework", None) is None:  # (a framework adapter stashes at its own points)
+            if now != stashed and record.before_iterator is None:
+                record.draws = record.draws or self._moved(step, now)
+            # A framework adapter stashes at its own start of the minibatch (``framework_start``), and its resume
+            # restores there: the state at the data is not what it puts back.
+            if self.rt.framework is None:
+                if now != stashed:
                     self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
-            record.refined = True
+                record.refined = True
+        self._write(step)
+
+    def framework_start(self, now: bytes) -> None:
+        """A framework adapter is about to stash ``now`` at its own start of minibatch ``rt.step`` (where its resume
+        restores): from here on this rank's stash of it is exact; if the global generators moved since the step
+        before, a rank that died earlier has only the state before those draws."""
+        step = self.rt.step
+        record = self._records.setdefault(step, GapRecord())
+        if not record.refined and record.before_iterator is None:
+            record.draws = record.draws or self._moved(step, now)
+        record.refined = True
         self._write(step)
 
     def _moved(self, step: int, now: bytes) -> bool:
@@ -229,12 +243,18 @@ class MinibatchGap:
             (r.epoch_key for r in others if r.epoch_key is not None), None)
         draws = any(r.draws for r in [*([own] if own else []), *others])
         step = self.rt.resumed_from
-        framework = getattr(self.rt, "framework", None)
-        if framework is not None and draws:
+        framework = self.rt.framework
+        if framework is not None and draws and self.rt.framework_reruns_gap:
             return (f"{framework} drew random numbers between minibatch {step - 1}'s optimizer step and minibatch "
-                    f"{step}'s data (an evaluation or validation), and a framework's resume may run part of that work "
-                    f"again (Lightning reruns the validation that followed the saved minibatch), which jitckpt cannot "
-                    f"follow: the redone minibatch's random numbers cannot be shown to be the fault-free run's")
+                    f"{step}'s data (an evaluation or validation), and its resume runs part of that work again (the "
+                    f"validation that followed the saved minibatch), which jitckpt cannot follow: the redone "
+                    f"minibatch's random numbers cannot be shown to be the fault-free run's")
+        if framework is not None and draws and not (own is not None and own.refined):
+            return (f"{framework} drew random numbers between minibatch {step - 1}'s optimizer step and minibatch "
+                    f"{step}'s start (an evaluation, a callback), and rank {self.rt.rank} did not get "
+                    f"to its start of minibatch {step} in the run that failed (where {framework} stashes and restores "
+                    f"the state): its state after those draws is not known, and the resumed {framework} does not "
+                    f"repeat them")
         if epoch_key is not None:
             state = own.before_iterator if own is not None else None
             if state is None and not draws:

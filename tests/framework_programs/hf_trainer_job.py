@@ -8,7 +8,8 @@ JOB_FAULT="kill|hang,rank=R,step=S" makes rank R SIGKILL or SIGSTOP itself in
 ``on_step_begin`` of global step S, in the first attempt only
 (TORCHELASTIC_RESTART_COUNT 0): a failure the script itself knows nothing of.
 ``,at=prediction_step``: in ``on_prediction_step`` of the evaluation at global
-step S instead.  JOB_EVAL=1: evaluate on 16 sequences at every epoch's end.
+step S instead; ``,at=epoch_begin``: in ``on_epoch_begin`` (after the previous
+epoch's evaluation, before the epoch's data loader is made).  JOB_EVAL=1: evaluate on 16 sequences at every epoch's end.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class FaultInjector(TrainerCallback):
 
     def on_prediction_step(self, args, state, control, **kwargs):
         self._maybe("prediction_step", args, state)
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._maybe("epoch_begin", args, state)
 
 
 def main() -> None:
