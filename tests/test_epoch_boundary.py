@@ -83,3 +83,22 @@ def test_a_rank_that_freezes_in_its_own_save_does_not_hold_the_teardown(tmp_path
     assert "rank 2: hung (process frozen), killed by jit-run at teardown" in failure["what_failed"], failure
     assert failure["resumed_from_minibatch"] == 5, failure
     assert result.sha == _reference([]), result.output[-4000:]
+
+
+def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
+    """The record of a minibatch's start is read back from checkpoints (untrusted): a fixed layout, every flag
+    round-trips, an unknown flag or a damaged RNG state is refused."""
+    from jitckpt.worker import rng_state
+    from jitckpt.worker.minibatch_gap import MAGIC, GapRecord, GapRecordError
+
+    state = rng_state.capture()
+    for record in (GapRecord(), GapRecord(7, state, refined=True), GapRecord(None, None, draws=True, evaluated=True)):
+        assert GapRecord.decode(record.encode()) == record
+    payload = GapRecord(7, state, evaluated=True).encode()
+    flags = len(MAGIC) + 4
+    for bad in (payload[:flags], b"JITGAP0\0" + payload[len(MAGIC):],
+                payload[:flags] + bytes([payload[flags] | 64]) + payload[flags + 1:],   # an unknown flag
+                payload[:flags] + bytes([payload[flags] & ~8]) + payload[flags + 1:],   # a state, not announced
+                payload[:-3]):                                                          # a damaged state
+        with pytest.raises(GapRecordError):
+            GapRecord.decode(bad)

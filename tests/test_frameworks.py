@@ -142,45 +142,83 @@ def test_lightning_bit_exact(tmp_path, lightning_fault_free, fault, step, packag
         assert checkpoint["global_step"] == step and progress["optimizer"]["step"]["total"]["completed"] == step
 
 
-def test_an_evaluation_that_a_killed_rank_never_finished_stops_the_job(tmp_path):
-    # (and a Lightning job whose validation drew between the two minibatches stops likewise: its resume runs
-    # that validation again, which jitckpt does not model)
-    """The Trainer evaluates at each epoch's end; rank 1 is killed in the evaluation after global step 4,
-    rank 0 saves minibatch 4 in the evaluation's all-gather.  The evaluation drew from the global generator
-    (its data loader's seed) and the resumed Trainer does not evaluate again: no rank's state for minibatch 4
-    is known.  Before, the job ended with other parameters, reported ``completed``; now it stops with the
-    reason."""
-    output, report = _run(HF_JOB, [], tmp_path, fault="kill,rank=1,step=4,at=prediction_step",
-                          extra_env={"JOB_EVAL": "1"}, expect=77)
-    assert report["outcome"] == "stopped", report
-    assert "drew random numbers between minibatch 3's optimizer step" in output, output[-5000:]
-    assert "final parameters sha256" not in output
-
-
 @pytest.fixture(scope="module")
 def hf_eval_fault_free(tmp_path_factory) -> str:
     output, _ = _run(HF_JOB, [], tmp_path_factory.mktemp("hf-eval-plain"), jit=False, extra_env={"JOB_EVAL": "1"})
     return _sha(output)
 
 
-def test_an_evaluation_at_each_epochs_end_a_rank_finished_is_exact(tmp_path, hf_eval_fault_free):
-    """The Trainer evaluates at each epoch's end (its data loader draws a seed from the global generator); rank 1
-    is killed at the start of global step 4, the first of epoch 1, after the evaluation: its own state for that
-    minibatch, stashed where HF's resume restores it (the end of ``on_epoch_begin``), is exact."""
-    output, report = _run(HF_JOB, [], tmp_path, fault="kill,rank=1,step=4", extra_env={"JOB_EVAL": "1"})
+# The Trainer evaluates at each epoch's end; its evaluation data loader draws a seed from the global generator,
+# which each rank seeds with its rank.  Global step 4 is the first of epoch 1.
+# - killed in the evaluation, or before it: rank 0 saves minibatch 4 in the evaluation's all-gather, before its
+#   end, so nobody's state after it is known and the resumed Trainer would not evaluate again; the adapter runs
+#   that evaluation again from each rank's state at step 3's optimizer step (before: a stop, and before that,
+#   ``completed`` with other parameters);
+# - killed after it (in ``on_evaluate``, or ``on_epoch_begin``): rank 0 saves minibatch 4 after the evaluation,
+#   rank 1's state was stashed again when its evaluation loop returned (before: ``completed`` with other
+#   parameters, rank 1 resuming from its state before the evaluation);
+# - frozen in the evaluation of epoch 1's end (step 8), or killed at step 4's start: the plain cases.
+HF_EVAL_CASES = [
+    ("kill,rank=1,step=4,at=prediction_step", True),
+    ("kill,rank=0,step=4,at=epoch_end", True),
+    ("hang,rank=0,step=8,at=prediction_step", True),
+    ("kill,rank=1,step=4,at=evaluate", False),
+    ("kill,rank=1,step=4,at=epoch_begin", False),
+    ("kill,rank=1,step=4", False),
+]
+
+
+@pytest.mark.parametrize("fault,again", HF_EVAL_CASES, ids=["kill-in-evaluation", "kill-before-evaluation",
+                         "hang-in-evaluation", "kill-at-its-end", "kill-after-it", "kill-at-the-next-step"])
+def test_hf_trainer_evaluating_at_each_epochs_end_bit_exact(tmp_path, hf_eval_fault_free, fault, again):
+    step = int(re.search(r"step=(\d+)", fault)[1])
+    output, report = _run(HF_JOB, [], tmp_path, fault=fault, extra_env={"JOB_EVAL": "1"})
     assert _sha(output) == hf_eval_fault_free, "parameters differ from the fault-free run\n" + output[-5000:]
+    _one_recovery(report, step, output)
+    rerun = f"running again the evaluation that followed minibatch {step - 1}"
+    assert output.count(rerun) == (2 if again else 0), output[-5000:]  # (by both ranks, or none)
+
+
+def test_an_interrupted_evaluation_within_an_epoch_stops_the_job(tmp_path):
+    """With ``eval_strategy="steps"`` the Trainer evaluates within the epoch too, after global step 2; rank 1 is
+    killed in that evaluation and rank 0 saves minibatch 2 in its all-gather.  The resumed Trainer fetches the
+    minibatch's batches before it restores the state, so an evaluation run again could not precede them as in
+    the fault-free run, and nobody's state after the evaluation is known: the job stops with the reason."""
+    output, report = _run(HF_JOB, [], tmp_path, fault="kill,rank=1,step=2,at=prediction_step",
+                          extra_env={"JOB_EVAL_STEPS": "2"}, expect=77)
+    assert report["outcome"] == "stopped", report
+    assert "drew random numbers between minibatch 1's optimizer step and minibatch 2's start" in output, output[-5000:]
+    assert "final parameters sha256" not in output
+
+
+@pytest.fixture(scope="module")
+def lightning_validating_fault_free(tmp_path_factory) -> str:
+    output, _ = _run(LIGHTNING_JOB, [], tmp_path_factory.mktemp("lightning-val-plain"), jit=False,
+                     extra_env={"JOB_VAL": "1"})
+    return _sha(output)
+
+
+def test_lightning_validating_at_each_epochs_end_bit_exact(tmp_path, lightning_validating_fault_free):
+    """Lightning validates at each epoch's end (its loader's seed and noise drawn from the global generator); rank 1
+    is killed in the second micro-batch of global step 4, the first of epoch 1, after the first one's start,
+    where the adapter stashed its state.  Lightning's resume makes the validation loader's iterator again before
+    that start (one more draw than the fault-free run): the adapter's own restore there puts the stashed state
+    back.  Before, the restore came only before the epoch's iterator, and the job stopped (and before that, ended
+    ``completed`` with other parameters)."""
+    output, report = _run(LIGHTNING_JOB, ["lightning.pytorch"], tmp_path, fault="kill,rank=1,step=4,micro=1",
+                          extra_env={"JOB_VAL": "1"})
+    assert _sha(output) == lightning_validating_fault_free, "parameters differ from the fault-free run\n" + output[-5000:]
     _one_recovery(report, 4, output)
 
 
-def test_a_rank_killed_between_the_evaluation_and_its_epoch_start_stops_the_job(tmp_path):
-    """Rank 1 is killed in ``on_epoch_begin`` of epoch 1, after the evaluation that drew, before HF's point where
-    jitckpt stashes its state; rank 0 saves minibatch 4.  Rank 1's stash is from before the evaluation, which the
-    resumed Trainer does not run again.  Before, rank 1 resumed from that stash and the job ended ``completed``
-    with other parameters than the fault-free run; now it stops and says why."""
-    output, report = _run(HF_JOB, [], tmp_path, fault="kill,rank=1,step=4,at=epoch_begin",
-                          extra_env={"JOB_EVAL": "1"}, expect=77)
+def test_a_lightning_validation_a_killed_rank_never_finished_stops_the_job(tmp_path):
+    """Rank 1 is killed in the validation after global step 4; rank 0 saves minibatch 4 in the validation's
+    all-reduce.  Nobody's state after the validation is known and Lightning's resume does not validate again:
+    the job stops with the reason rather than resume with other random numbers."""
+    output, report = _run(LIGHTNING_JOB, ["lightning.pytorch"], tmp_path, fault="kill,rank=1,step=4,at=validation_step",
+                          extra_env={"JOB_VAL": "1"}, expect=77)
     assert report["outcome"] == "stopped", report
-    assert "rank 1 did not get to its start of minibatch 4 in the run that failed" in output, output[-5000:]
+    assert "drew random numbers between minibatch 3's optimizer step and minibatch 4's start" in output, output[-5000:]
     assert "final parameters sha256" not in output
 
 

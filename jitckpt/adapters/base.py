@@ -63,12 +63,8 @@ def wrap_entry_point(cls: type, name: str, argument: str, prepare: Prepare) -> N
     setattr(cls, name, entry_point)
 
 
-def claim(rt: "JitRuntime", save_fn: Callable[[str], Any], framework: str, reruns_gap: bool = False) -> bool:
-    """Register ``save_fn`` for ``framework`` unless the script registered its own; True if registered.
-
-    ``reruns_gap``: the framework's resume runs again some of the work between two minibatches (Lightning's
-    validation), so random numbers drawn there make any resume inexact (``jitckpt.worker.minibatch_gap``).
-    """
+def claim(rt: "JitRuntime", save_fn: Callable[[str], Any], framework: str) -> bool:
+    """Register ``save_fn`` for ``framework`` unless the script registered its own; True if registered."""
     current = rt.save_fn
     if current is not None and not getattr(current, _ADAPTER_SAVE, False):
         log(f"{framework}: the script registered its own save function; the adapter leaves saving and resuming to it")
@@ -76,7 +72,6 @@ def claim(rt: "JitRuntime", save_fn: Callable[[str], Any], framework: str, rerun
     setattr(save_fn, _ADAPTER_SAVE, True)
     rt.save_fn = save_fn
     rt.framework = framework  # (jitckpt.worker.minibatch_gap: a framework's resume replays work of its own)
-    rt.framework_reruns_gap = reruns_gap
     return True
 
 
@@ -117,6 +112,10 @@ class MinibatchRng:
         self.rt.gap.framework_start(now)  # (draws since the step before: a rank that died before here lacks them)
         self.rt.stash_rng(self.rt.step, now)
         self.rt.close_own_generators_window()  # (the framework's minibatch start is where its state is taken)
+
+    def drop(self) -> None:
+        """Forget the state to put back: the adapter placed the redone minibatch's state otherwise."""
+        self._resumed_state = None
 
     def restore(self) -> None:
         """Put back the state the redone minibatch starts with (once, on a resumed attempt)."""

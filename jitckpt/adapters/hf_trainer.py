@@ -18,8 +18,14 @@ At the start of ``train()`` the adapter
 - stashes the RNG state where HF's resume restores it: at the end of
   ``on_epoch_begin`` for a step that starts an epoch (HF restores before the
   epoch's data loader draws its seeds), at the start of ``on_step_begin``
-  for any other (after the step's batches were fetched); on a restart HF's
-  ``_load_rng_state`` puts back this rank's own state from jitckpt.
+  for any other (after the step's batches were fetched), and again when an
+  evaluation loop between two steps returns; on a restart HF's
+  ``_load_rng_state`` puts back this rank's own state from jitckpt;
+- on a restart at an epoch's start whose evaluation the failure interrupted
+  (the ranks that saved had not finished it), runs that evaluation again at
+  the first ``on_epoch_begin``, from each rank's state at the step before:
+  the resumed Trainer would not evaluate, and nobody's state after it is
+  known (``jitckpt.worker.minibatch_gap``).
 
 HF's ``global_step`` counts optimizer steps, like jitckpt's minibatch, so
 ``trainer_state.json`` holds the step the checkpoint is of (i, or i+1 after a
@@ -36,7 +42,7 @@ import os
 import random
 from contextlib import ExitStack, contextmanager
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from jitckpt.adapters import base
 from jitckpt.worker import rng_state
@@ -78,6 +84,7 @@ def _prepare(trainer: Any, rt: "JitRuntime", requested: Any) -> Any:
         return requested
     if not base.claim(rt, functools.partial(_jit_save, trainer, rt), FRAMEWORK):
         return requested
+    rt.framework_reruns_evaluation = _track_evaluations(trainer, rt)
     path = base.resume_point(rt)
     rng = base.MinibatchRng(rt)
     step_begin, epoch_begin = _callback_classes()
@@ -85,10 +92,12 @@ def _prepare(trainer: Any, rt: "JitRuntime", requested: Any) -> Any:
     callbacks[:] = [c for c in callbacks if not isinstance(c, (step_begin, epoch_begin))]  # (a second train())
     # HF restores the RNG state after on_epoch_begin (a step that starts an epoch) or
     # before on_step_begin (any other step): stash it at the same points.
-    callbacks.insert(0, step_begin(rng))
+    first = step_begin(rng)
+    callbacks.insert(0, first)
     callbacks.append(epoch_begin(rng))
     if path is None:
         return requested
+    first.rerun = functools.partial(_rerun_interrupted_evaluation, trainer, rt, rng)
 
     def load_rng_state(checkpoint: str) -> None:
         """The state HF restores is this rank's own, from whichever replica carried it."""
@@ -99,6 +108,61 @@ def _prepare(trainer: Any, rt: "JitRuntime", requested: Any) -> Any:
     if requested not in (None, False):
         log(f"{FRAMEWORK}: resume_from_checkpoint={requested!r} replaced by the newer JIT checkpoint")
     return str(path)
+
+
+def _track_evaluations(trainer: Any, rt: "JitRuntime") -> bool:
+    """Stash the RNG state again when the Trainer's evaluation loop between two steps returns
+    (``MinibatchGap.framework_evaluated``); False if this Trainer has no ``evaluation_loop`` and ``_evaluate``
+    (other transformers versions: an interrupted evaluation is then not run again)."""
+    original = getattr(type(trainer), "evaluation_loop", None)
+    if original is None or getattr(type(trainer), "_evaluate", None) is None:
+        return False
+    if getattr(trainer.__dict__.get("evaluation_loop"), "_jitckpt", False):
+        return True  # (a second train())
+
+    @functools.wraps(original)
+    def evaluation_loop(*args: Any, **kwargs: Any) -> Any:
+        output = original(trainer, *args, **kwargs)
+        rt.gap.framework_evaluated()
+        return output
+
+    evaluation_loop._jitckpt = True  # type: ignore[attr-defined]
+    trainer.evaluation_loop = evaluation_loop
+    return True
+
+
+def _evaluates_before(trainer: Any, step: int) -> bool:
+    """True if the Trainer evaluates between optimizer steps ``step - 1`` and ``step`` (``DefaultFlowCallback``'s
+    rule: at an epoch's end with ``eval_strategy="epoch"``, at every ``eval_steps`` with ``"steps"``)."""
+    args, state = trainer.args, trainer.state
+    if trainer.eval_dataset is None:
+        return False
+    strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+    if strategy == "epoch":
+        return args.eval_delay <= state.epoch
+    if strategy == "steps":
+        every = state.eval_steps or args.eval_steps
+        return bool(every) and step % every == 0 and args.eval_delay <= step
+    return False
+
+
+def _rerun_interrupted_evaluation(trainer: Any, rt: "JitRuntime", rng: base.MinibatchRng) -> None:
+    """At the first epoch start after a resume: if the failure interrupted the evaluation that precedes the
+    redone minibatch (the ranks that saved had not finished it), run it again from each rank's state before it,
+    as the fault-free run did; its random draws (its data loader's seed) then precede the minibatch's."""
+    step = rt.resumed_from
+    if not rt.gap.settle_rerun(_evaluates_before(trainer, step)):
+        return
+    rng.drop()  # (the state after the evaluation is the one the redone minibatch starts with)
+    log(f"{FRAMEWORK}: running again the evaluation that followed minibatch {step - 1} (the failure interrupted "
+        f"it; the redone minibatch's random numbers come after its)")
+    trainer._evaluate(None, None)
+    if trainer.control.should_training_stop:
+        from jitckpt.worker import resume
+
+        resume.inexact_resume(rt, f"the evaluation run again before minibatch {step} stopped the training (early "
+                                  f"stopping): the fault-free run ended there, but {FRAMEWORK} trains the epoch "
+                                  f"it has started")
 
 
 def _starts_epoch(step: int, loader: Any, accumulation: int) -> bool:
@@ -116,10 +180,17 @@ def _callback_classes() -> tuple[type, type]:
     from transformers import TrainerCallback
 
     class JitckptStepBegin(TrainerCallback):
-        """First in line: the RNG state a step that does not start an epoch starts with."""
+        """First in line: the RNG state a step that does not start an epoch starts with; after a resume, at the
+        first epoch start, the evaluation the failure interrupted, run again."""
 
         def __init__(self, rng: base.MinibatchRng) -> None:
             self.rng = rng
+            self.rerun: Callable[[], None] | None = None
+
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            rerun, self.rerun = self.rerun, None
+            if rerun is not None:
+                rerun()
 
         def on_step_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
             if not _starts_epoch(state.global_step, train_dataloader, args.gradient_accumulation_steps):

@@ -75,8 +75,7 @@ def _prepare(trainer: Any, rt: "JitRuntime", package: str, requested: Any) -> An
             f"no JIT save is registered")
         return requested
     loops = _LoopsAtMinibatchStart(rt)
-    # (its resume runs again the validation that followed the saved minibatch)
-    if not base.claim(rt, functools.partial(_jit_save, trainer, rt, loops), FRAMEWORK, reruns_gap=True):
+    if not base.claim(rt, functools.partial(_jit_save, trainer, rt, loops), FRAMEWORK):
         return requested
     base.track_closure_steps(rt)
     path = base.resume_point(rt)

@@ -33,10 +33,19 @@ between.  Two things do:
   the records of its host's ranks into the checkpoint, and a resumed rank
   reads any rank's.
 
+A framework adapter (``jitckpt.adapters``) stashes the state at its
+framework's own start of a minibatch, where its resume restores it
+(``framework_start``), and after an evaluation in the gap
+(``framework_evaluated``); an evaluation that the failure interrupted,
+which the framework would not run again, the Hugging Face adapter runs again
+after the resume from each rank's state at the step before
+(``settle_rerun``).
+
 Each rank keeps one record per minibatch in its host stash
 (``stash.GAP``): the key of the loader whose new iterator starts it, the RNG
 state right before that iterator was made, and whether the state was
-stashed again at the minibatch's data and whether draws were seen.  A fixed
+stashed again at the minibatch's data (or a framework's start of it, or
+after a framework's evaluation) and whether draws were seen.  A fixed
 binary format: a checkpoint is untrusted input.
 """
 
@@ -55,7 +64,7 @@ if TYPE_CHECKING:
 
 MAGIC = b"JITGAP1\0"
 _HEAD = struct.Struct("<IB")  # loader key of the epoch's iterator (NO_KEY: none), flags; then the state before it
-_EPOCH, _REFINED, _DRAWS, _BEFORE = 1, 2, 4, 8
+_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED = 1, 2, 4, 8, 16
 
 
 class GapRecordError(ValueError):
@@ -71,10 +80,12 @@ class GapRecord:
     refined: bool = False                # the RNG stash of ``step`` was taken again at its data (exact)
                                          # (with a framework adapter: at the framework's own start of ``step``)
     draws: bool = False                  # the global generators moved in the gap (before the epoch's iterator)
+    evaluated: bool = False              # the stash of ``step`` was taken again after a framework's evaluation
 
     def encode(self) -> bytes:
         flags = ((_EPOCH if self.epoch_key is not None else 0) | (_REFINED if self.refined else 0)
-                 | (_DRAWS if self.draws else 0) | (_BEFORE if self.before_iterator is not None else 0))
+                 | (_DRAWS if self.draws else 0) | (_BEFORE if self.before_iterator is not None else 0)
+                 | (_EVALUATED if self.evaluated else 0))
         key = NO_KEY if self.epoch_key is None else self.epoch_key
         return MAGIC + _HEAD.pack(key, flags) + (self.before_iterator or b"")
 
@@ -84,14 +95,15 @@ class GapRecord:
             raise GapRecordError("not jitckpt's record of a minibatch's start (wrong header)")
         key, flags = _HEAD.unpack_from(payload, len(MAGIC))
         state = payload[len(MAGIC) + _HEAD.size:]
-        if flags & ~(_EPOCH | _REFINED | _DRAWS | _BEFORE) or bool(state) != bool(flags & _BEFORE):
+        if flags & ~(_EPOCH | _REFINED | _DRAWS | _BEFORE | _EVALUATED) or bool(state) != bool(flags & _BEFORE):
             raise GapRecordError("not jitckpt's record of a minibatch's start (unknown flags)")
         if state:
             try:
                 rng_state.decode(state)
             except rng_state.RngStateError as exc:
                 raise GapRecordError(f"its RNG state is unusable ({exc})") from None
-        return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS))
+        return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS),
+                   bool(flags & _EVALUATED))
 
 
 def _global(payload: bytes) -> dict[int, list[bytes]]:
@@ -121,6 +133,9 @@ class MinibatchGap:
         # After a resume at an epoch start: (loader key, the state to put back right before its iterator is made)
         self._restore: tuple[int, bytes] | None = None
         self._refuse: Callable[[str], None] = lambda reason: None
+        # After a resume that a framework adapter may settle by running the gap's evaluation again: (this rank's
+        # state at the optimizer step before the gap, or None; why the resume is not exact otherwise, or None)
+        self._rerun_offer: tuple[bytes | None, str | None] | None = None
         # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
         self._disabled = False
 
@@ -214,6 +229,19 @@ class MinibatchGap:
         record.refined = True
         self._write(step)
 
+    def framework_evaluated(self) -> None:
+        """A framework's evaluation loop in minibatch ``rt.step``'s gap returned on this rank: the state now is the
+        one the minibatch starts with unless something draws before the framework's start of it (where
+        ``framework_start`` sees it), so it is stashed for it.  From here on a JIT save of this rank holds what
+        the evaluation changed (logged metrics, a metric-driven scheduler's step): it is not run again."""
+        step = self.rt.step
+        record = self._records.get(step)
+        if self._open_for != step or record is None or record.refined:
+            return  # (not between two minibatches: an evaluation the script runs itself)
+        self.rt.stash_rng(step)  # (first: a record saying so with the state before would be believed)
+        record.evaluated = True
+        self._write(step)
+
     def _moved(self, step: int, now: bytes) -> bool:
         stashed = self.rt.rng_stashed_for(step)
         return stashed is not None and _global(now) != _global(stashed)
@@ -231,25 +259,63 @@ class MinibatchGap:
     # ----- after a resume ----------------------------------------------------------------
 
     def arm_resume(self, own: GapRecord | None, others: list[GapRecord], own_state: bytes | None,
-                   refuse: Callable[[str], None]) -> str | None:
+                   refuse: Callable[[str], None], savers: list[GapRecord] | None = None) -> str | None:
         """Prepare the redone minibatch's RNG restore; returns why it cannot be exact (None: it can).
 
         ``own``: this rank's record of the resumed minibatch, ``others``: other ranks' (structural facts: an epoch
         start, draws in the gap), ``own_state``: this rank's stashed RNG state for it; ``refuse`` is called if
-        the redone run turns out not to make the epoch's iterator anew.
+        the redone run turns out not to make the epoch's iterator anew.  ``savers``: the records of the ranks
+        that wrote the checkpoints of the step: if a framework adapter can run the gap's evaluation again
+        (``rt.framework_reruns_evaluation``), the minibatch starts an epoch and no saver got past that
+        evaluation, the answer waits for the adapter (``settle_rerun``).
         """
         self._refuse = refuse
-        epoch_key = own.epoch_key if own is not None and own.epoch_key is not None else next(
-            (r.epoch_key for r in others if r.epoch_key is not None), None)
+        why = self._arm(own, others, own_state)
+        if (self.rt.framework_reruns_evaluation and self._epoch_key(own, others) is not None and savers
+                and not any(r.evaluated or r.refined for r in savers)):
+            self._rerun_offer = (own_state if own is None or not (own.refined or own.evaluated) else None, why)
+            return None
+        return why
+
+    def settle_rerun(self, evaluates: bool) -> bool:
+        """A framework adapter, at its first epoch start after a resume, says whether its framework evaluated between
+        the resumed minibatch and the one before (``evaluates``).  True: it runs that evaluation again now, and
+        this rank's state at the optimizer step before it was put back (the savers stopped before its end, so
+        nobody's state after it is known, and the one before, with the same evaluation run again, gives it);
+        the restore before the epoch's iterator is dropped.  False: the resume goes on as armed, or stops with
+        the reason found."""
+        offer, self._rerun_offer = self._rerun_offer, None
+        if offer is None:
+            return False
+        state, why = offer
+        if not evaluates:
+            if why is not None:
+                self._refuse(why)
+            return False
+        self._restore = None
+        self.rt.take_pending_rng()
+        if state is None:  # (every rank evaluates again, or the others would wait for it in a collective)
+            self._refuse(f"rank {self.rt.rank}'s RNG state at minibatch {self.rt.resumed_from - 1}'s optimizer step "
+                         f"is not known: the evaluation that followed it is run again from another state")
+        else:
+            rng_state.restore(state)
+        return True
+
+    @staticmethod
+    def _epoch_key(own: GapRecord | None, others: list[GapRecord]) -> int | None:
+        """The loader whose new iterator starts the resumed minibatch (None: it does not start an epoch)."""
+        if own is not None and own.epoch_key is not None:
+            return own.epoch_key
+        return next((r.epoch_key for r in others if r.epoch_key is not None), None)
+
+    def _arm(self, own: GapRecord | None, others: list[GapRecord], own_state: bytes | None) -> str | None:
+        epoch_key = self._epoch_key(own, others)
         draws = any(r.draws for r in [*([own] if own else []), *others])
         step = self.rt.resumed_from
         framework = self.rt.framework
-        if framework is not None and draws and self.rt.framework_reruns_gap:
-            return (f"{framework} drew random numbers between minibatch {step - 1}'s optimizer step and minibatch "
-                    f"{step}'s data (an evaluation or validation), and its resume runs part of that work again (the "
-                    f"validation that followed the saved minibatch), which jitckpt cannot follow: the redone "
-                    f"minibatch's random numbers cannot be shown to be the fault-free run's")
-        if framework is not None and draws and not (own is not None and own.refined):
+        evaluated = any(r.evaluated for r in [*([own] if own else []), *others])
+        if framework is not None and not (own is not None and own.refined) and (
+                draws or (evaluated and not (own is not None and own.evaluated))):
             return (f"{framework} drew random numbers between minibatch {step - 1}'s optimizer step and minibatch "
                     f"{step}'s start (an evaluation, a callback), and rank {self.rt.rank} did not get "
                     f"to its start of minibatch {step} in the run that failed (where {framework} stashes and restores "
@@ -265,7 +331,10 @@ class MinibatchGap:
                         f"iterator (an evaluation, another DataLoader's iterator), which this rank did not reach, and "
                         f"which the resumed run does not repeat")
             self._restore = (epoch_key, state)
-            self.rt.take_pending_rng()  # (not again at the fetch, the forward or a framework's batch start)
+            if framework is None or not (own is not None and own.refined):
+                self.rt.take_pending_rng()  # (not again at the fetch, the forward or a framework's batch start)
+            # (else the framework's own start, after the iterator, puts back the state it stashed there: what the
+            # framework draws on resume between the two, Lightning's validation loader, is not the failed run's)
             return None
         if draws and not (own is not None and own.refined):
             return (f"random numbers were drawn between minibatch {step - 1}'s optimizer step and minibatch {step}'s "
@@ -273,6 +342,18 @@ class MinibatchGap:
                     f"did not reach minibatch {step}'s data in the run that failed: its state after those draws is "
                     f"not known, and the resumed run does not repeat them")
         return None
+
+
+def saver_records(step_path: Path) -> list[GapRecord]:
+    """The records of the ranks that wrote the checkpoints of one step (each rank folder's own, unreadable ones
+    left out)."""
+    found = []
+    for rank_dir in sorted(step_path.glob("rank-*")):
+        try:
+            found.append(GapRecord.decode((rank_dir / stash.KINDS[stash.GAP][1] / f"{rank_dir.name}.bin").read_bytes()))
+        except (OSError, GapRecordError):
+            continue
+    return found
 
 
 def records_of_step(step_path: Path, exclude: Path | None = None) -> list[GapRecord]:

@@ -101,7 +101,8 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
                               f"is unusable ({exc}); nothing was loaded from it") from None
     if payload is not None:
         why = rt.gap.arm_resume(own_record, minibatch_gap.records_of_step(info.path.parent), payload,
-                                lambda reason: inexact_resume(rt, reason))
+                                lambda reason: inexact_resume(rt, reason),
+                                savers=minibatch_gap.saver_records(info.path.parent))
         if why is not None:
             inexact_resume(rt, why)
     # (no window for the redone minibatch: the stash holds its start already, and a capture at a fetch

@@ -83,10 +83,9 @@ class JitRuntime:
         self.taken_batches = data_position.TakenBatches(self)
         # What each minibatch's gap drew (a new epoch's iterator, evaluation); after a resume, where RNG goes back.
         self.gap = minibatch_gap.MinibatchGap(self)
-        # The framework whose adapter saves and resumes (jitckpt.adapters.base.claim), and whether its resume runs
-        # again work between two minibatches (Lightning's validation).
+        # The framework whose adapter saves and resumes (jitckpt.adapters.base.claim).
         self.framework: str | None = None
-        self.framework_reruns_gap = False
+        self.framework_reruns_evaluation = False  # (its adapter can run an interrupted evaluation again: HF's)
         self._rng_by_step: dict[int, bytes] = {}  # the RNG state stashed for each minibatch (this one and the next)
 
         self.save_fn: SaveFunction | None = None

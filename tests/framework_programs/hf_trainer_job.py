@@ -7,9 +7,13 @@ Rank 0 prints the sha256 of the final parameters.
 JOB_FAULT="kill|hang,rank=R,step=S" makes rank R SIGKILL or SIGSTOP itself in
 ``on_step_begin`` of global step S, in the first attempt only
 (TORCHELASTIC_RESTART_COUNT 0): a failure the script itself knows nothing of.
-``,at=prediction_step``: in ``on_prediction_step`` of the evaluation at global
-step S instead; ``,at=epoch_begin``: in ``on_epoch_begin`` (after the previous
-epoch's evaluation, before the epoch's data loader is made).  JOB_EVAL=1: evaluate on 16 sequences at every epoch's end.
+``,at=H`` places it in callback ``on_H`` at global step S instead:
+``prediction_step`` (in the evaluation), ``evaluate`` (at its end),
+``epoch_end`` (before the evaluation at an epoch's end), ``epoch_begin`` (after
+it, before the epoch's data loader is made).  JOB_EVAL=1: evaluate on 16
+sequences at every epoch's end; JOB_EVAL_STEPS=N: every N global steps instead.
+Each rank seeds its global generator with its rank after the Trainer is made
+(its dropout and its evaluation's draws are its own).
 """
 
 from __future__ import annotations
@@ -55,10 +59,17 @@ class FaultInjector(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         self._maybe("epoch_begin", args, state)
 
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._maybe("epoch_end", args, state)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._maybe("evaluate", args, state)
+
 
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else "hf-output"
-    evaluate = os.environ.get("JOB_EVAL") == "1"
+    eval_steps = int(os.environ.get("JOB_EVAL_STEPS", "0"))
+    evaluate = os.environ.get("JOB_EVAL") == "1" or eval_steps > 0
     args = TrainingArguments(
         output_dir=out,
         num_train_epochs=3,
@@ -71,7 +82,8 @@ def main() -> None:
         seed=7,
         dataloader_drop_last=True,
         save_strategy="no",
-        eval_strategy="epoch" if evaluate else "no",
+        eval_strategy=("steps" if eval_steps else "epoch") if evaluate else "no",
+        eval_steps=eval_steps or None,
         per_device_eval_batch_size=4,
         logging_strategy="no",
         report_to=[],
@@ -88,6 +100,7 @@ def main() -> None:
     # 64 sequences, 2 ranks x 4 per device x 2 accumulation: 4 optimizer steps per epoch, 12 in all
     trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(64, 16, 64),
                       eval_dataset=TokenDataset(16, 16, 64) if evaluate else None, callbacks=callbacks)
+    torch.manual_seed(100 + args.process_index)  # (Trainer() seeded every rank alike)
     trainer.train()
     if args.process_index == 0:
         print_result(trainer.model.state_dict(), trainer.state.global_step)

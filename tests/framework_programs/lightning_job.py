@@ -12,7 +12,10 @@ in the first attempt only (TORCHELASTIC_RESTART_COUNT 0).  Lightning runs the
 last micro-batch's forward and backward inside ``optimizer.step(closure)``, so
 with M=1 the other rank waits for the frozen one in that step's gradient
 all-reduce.  ``,at=before_optimizer_step``: in ``on_before_optimizer_step``
-of global step S instead (its gradients all-reduced, its step not taken).
+of global step S instead (its gradients all-reduced, its step not taken);
+``,at=validation_step``: in ``on_validation_batch_start`` of the validation
+after global step S.  JOB_VAL=1: validate at each epoch's end, on inputs with noise drawn from the
+global generator (and a validation loader whose iterator draws its seed there).
 """
 
 from __future__ import annotations
@@ -38,6 +41,12 @@ class TinyRegressor(pl.LightningModule):
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
 
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x + 0.05 * torch.randn(x.shape)), y)
+        self.log("val_loss", loss, sync_dist=True)
+        return loss
+
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
@@ -57,6 +66,11 @@ class FaultInjector(pl.Callback):
                 and trainer.global_step == self.step and batch_idx % ACCUMULATE == self.micro):
             inject(self.signal, f"rank {self.rank}, global step {self.step}, micro-batch {self.micro}")
 
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+        if (self.at == "validation_step" and first_attempt() and trainer.global_rank == self.rank
+                and trainer.global_step == self.step):
+            inject(self.signal, f"rank {self.rank}, in the validation after global step {self.step}")
+
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if (self.at == "before_optimizer_step" and first_attempt() and trainer.global_rank == self.rank
                 and trainer.global_step == self.step):
@@ -75,9 +89,13 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")), num_nodes=1, strategy="ddp",
         max_epochs=3, accumulate_grad_batches=ACCUMULATE, callbacks=callbacks, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )
-    trainer.fit(model, loader)
+    validate = os.environ.get("JOB_VAL") == "1"
+    xv = torch.randn(24, 8, generator=g)
+    val_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xv, xv.sum(dim=1, keepdim=True)),
+                                             batch_size=6)
+    trainer.fit(model, loader, val_loader if validate else None)
     if trainer.global_rank == 0:
         print_result(model.state_dict(), trainer.global_step)
     end_cleanly()
