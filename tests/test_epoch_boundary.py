@@ -85,6 +85,22 @@ def test_a_rank_that_freezes_in_its_own_save_does_not_hold_the_teardown(tmp_path
     assert result.sha == _reference([]), result.output[-4000:]
 
 
+@pytest.mark.parametrize("die", ["1:11:kill-epoch-end", "2:11:kill-step"], ids=["after-it-ran-out", "before-its-last-step"])
+def test_a_loader_shuffling_from_the_scripts_own_generator_resumes_an_epoch_bit_exact(tmp_path, die):
+    """``DataLoader(shuffle=True, generator=g)`` with ``g`` made once: its ``RandomSampler`` draws one more
+    permutation from ``g`` when the epoch's iterator runs out, after the epoch's last step (12 minibatches per
+    epoch here).  A rank killed after that (at the epoch's end) resumes with ``g`` as it left it; one killed
+    before its last optimizer step never drew it, and the draw is made again before the new epoch's iterator.
+    Before, both ended ``completed`` with other parameters (the new epoch's permutation came from ``g`` one
+    draw behind)."""
+    extra = ["--loader-generator"]
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", die])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == 12 and failure["minibatches_redone"] == 1, failure
+    assert result.sha == _reference(extra), "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
 def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
     """The record of a minibatch's start is read back from checkpoints (untrusted): a fixed layout, every flag
     round-trips, an unknown flag or a damaged RNG state is refused."""
@@ -92,13 +108,15 @@ def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
     from jitckpt.worker.minibatch_gap import MAGIC, GapRecord, GapRecordError
 
     state = rng_state.capture()
-    for record in (GapRecord(), GapRecord(7, state, refined=True), GapRecord(None, None, draws=True, evaluated=True)):
+    for record in (GapRecord(), GapRecord(7, state, refined=True), GapRecord(None, None, draws=True, evaluated=True),
+                   GapRecord(3, None, ran_out=b"", own_moved=True), GapRecord(3, state, ran_out=b"\0\0")):
         assert GapRecord.decode(record.encode()) == record
     payload = GapRecord(7, state, evaluated=True).encode()
     flags = len(MAGIC) + 4
     for bad in (payload[:flags], b"JITGAP0\0" + payload[len(MAGIC):],
-                payload[:flags] + bytes([payload[flags] | 64]) + payload[flags + 1:],   # an unknown flag
+                payload[:flags] + bytes([payload[flags] | 128]) + payload[flags + 1:],   # an unknown flag
                 payload[:flags] + bytes([payload[flags] & ~8]) + payload[flags + 1:],   # a state, not announced
-                payload[:-3]):                                                          # a damaged state
+                payload[:-3],                                                           # a short one
+                GapRecord(3, None, ran_out=b"\1\0").encode()):                         # a damaged own state
         with pytest.raises(GapRecordError):
             GapRecord.decode(bad)

@@ -853,7 +853,11 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
 
     @functools.wraps(next_batch)
     def __next__(self: Any) -> Any:
-        batch = next_batch(self)
+        try:
+            batch = next_batch(self)
+        except StopIteration:
+            runtime.gap.iterator_ran_out(self)  # (its sampler may have drawn a last time)
+            raise
         runtime.taken_batches.yielded(self, batch)
         runtime.gap.batch_yielded(self)
         return batch

@@ -56,15 +56,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from jitckpt.worker import rng_state, stash
+from jitckpt.worker import private_rng, rng_state, stash
 from jitckpt.worker.data_position import NO_KEY, key_of, loader_key
 
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
-MAGIC = b"JITGAP1\0"
-_HEAD = struct.Struct("<IB")  # loader key of the epoch's iterator (NO_KEY: none), flags; then the state before it
-_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED = 1, 2, 4, 8, 16
+MAGIC = b"JITGAP2\0"
+# loader key of the epoch's iterator (NO_KEY: none), flags, the lengths of the two states that follow: the RNG state
+# right before that iterator (a capture), the script's own generators when the epoch's iterator ran out
+_HEAD = struct.Struct("<IBII")
+_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED = 1, 2, 4, 8, 16, 32, 64
+_FLAGS = _EPOCH | _REFINED | _DRAWS | _BEFORE | _EVALUATED | _RAN_OUT | _OWN_MOVED
 
 
 class GapRecordError(ValueError):
@@ -81,29 +84,41 @@ class GapRecord:
                                          # (with a framework adapter: at the framework's own start of ``step``)
     draws: bool = False                  # the global generators moved in the gap (before the epoch's iterator)
     evaluated: bool = False              # the stash of ``step`` was taken again after a framework's evaluation
+    # The script's own generators when the previous epoch's iterator ran out in the gap (its sampler may draw
+    # from one there: torch's RandomSampler does), as private_rng captures them (b"": none); None: not seen.
+    ran_out: bytes | None = None
+    own_moved: bool = False              # ... and they had moved since the state stashed at the step
 
     def encode(self) -> bytes:
         flags = ((_EPOCH if self.epoch_key is not None else 0) | (_REFINED if self.refined else 0)
                  | (_DRAWS if self.draws else 0) | (_BEFORE if self.before_iterator is not None else 0)
-                 | (_EVALUATED if self.evaluated else 0))
+                 | (_EVALUATED if self.evaluated else 0) | (_RAN_OUT if self.ran_out is not None else 0)
+                 | (_OWN_MOVED if self.own_moved else 0))
         key = NO_KEY if self.epoch_key is None else self.epoch_key
-        return MAGIC + _HEAD.pack(key, flags) + (self.before_iterator or b"")
+        before, ran_out = self.before_iterator or b"", self.ran_out or b""
+        return MAGIC + _HEAD.pack(key, flags, len(before), len(ran_out)) + before + ran_out
 
     @classmethod
     def decode(cls, payload: bytes) -> "GapRecord":
         if not payload.startswith(MAGIC) or len(payload) < len(MAGIC) + _HEAD.size:
             raise GapRecordError("not jitckpt's record of a minibatch's start (wrong header)")
-        key, flags = _HEAD.unpack_from(payload, len(MAGIC))
-        state = payload[len(MAGIC) + _HEAD.size:]
-        if flags & ~(_EPOCH | _REFINED | _DRAWS | _BEFORE | _EVALUATED) or bool(state) != bool(flags & _BEFORE):
+        key, flags, n_before, n_ran_out = _HEAD.unpack_from(payload, len(MAGIC))
+        start = len(MAGIC) + _HEAD.size
+        if len(payload) != start + n_before + n_ran_out:
+            raise GapRecordError("not jitckpt's record of a minibatch's start (wrong length)")
+        state, ran_out = payload[start:start + n_before], payload[start + n_before:]
+        if (flags & ~_FLAGS or bool(state) != bool(flags & _BEFORE)
+                or (ran_out and not flags & _RAN_OUT)):
             raise GapRecordError("not jitckpt's record of a minibatch's start (unknown flags)")
-        if state:
-            try:
+        try:
+            if state:
                 rng_state.decode(state)
-            except rng_state.RngStateError as exc:
-                raise GapRecordError(f"its RNG state is unusable ({exc})") from None
+            if ran_out:
+                private_rng.decode(ran_out)
+        except (rng_state.RngStateError, private_rng.PrivateRngError) as exc:
+            raise GapRecordError(f"its RNG state is unusable ({exc})") from None
         return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS),
-                   bool(flags & _EVALUATED))
+                   bool(flags & _EVALUATED), ran_out if flags & _RAN_OUT else None, bool(flags & _OWN_MOVED))
 
 
 def _global(payload: bytes) -> dict[int, list[bytes]]:
@@ -130,8 +145,10 @@ class MinibatchGap:
         self._open_for: int | None = None          # the minibatch whose gap is open (its data not reached)
         self._fed_by: set[int] = set()             # loader keys the minibatch in progress took batches from
         self._train_keys: set[int] = set()         # ... and those the one before took from
-        # After a resume at an epoch start: (loader key, the state to put back right before its iterator is made)
-        self._restore: tuple[int, bytes] | None = None
+        # After a resume at an epoch start: (loader key, the state to put back right before its iterator is made,
+        # and what the previous epoch's iterator left in the script's own generators when it ran out: their
+        # states (bytes), "draw" (replay the sampler's draw there: this rank died before it), or None)
+        self._restore: tuple[int, bytes, bytes | str | None] | None = None
         self._refuse: Callable[[str], None] = lambda reason: None
         # After a resume that a framework adapter may settle by running the gap's evaluation again: (this rank's
         # state at the optimizer step before the gap, or None; why the resume is not exact otherwise, or None)
@@ -174,13 +191,34 @@ class MinibatchGap:
             self._records.setdefault(step, GapRecord()).epoch_key = key
             self._write(step)
 
+    def iterator_ran_out(self, iterator: Any) -> None:
+        """The epoch's iterator ran out (the script's loop asked it for one more batch, after the step of minibatch
+        ``rt.step - 1``).  Its sampler may draw there from a generator of the script's own (torch's
+        ``RandomSampler`` given ``generator=`` draws one more permutation): those generators' states are
+        recorded, what a rank that dies after this point resumes with."""
+        step = self.rt.step
+        record = self._records.get(step)
+        if (self._open_for != step or record is None or record.epoch_key != key_of(iterator)
+                or record.before_iterator is not None or record.ran_out is not None):
+            return
+        private = private_rng.capture() or b""
+        stashed = self.rt.rng_stashed_for(step)
+        if stashed is not None:
+            before = rng_state.decode(stashed).get(rng_state.PRIVATE, [b""])[0]
+            record.own_moved = before != private
+        record.ran_out = private
+        self._write(step)
+
     def iterator_made(self, loader: Any) -> None:
         """A DataLoader iterator is about to be made (it draws its base seed): the epoch's, in the gap?"""
         if stateful(loader) or getattr(loader, "persistent_workers", False):
             return
         if self._restore is not None and self._restore[0] == loader_key(loader):
-            state, self._restore = self._restore[1], None
+            _, state, ran_out = self._restore
+            self._restore = None
             rng_state.restore(state)  # the redone run: the state this rank had right before it, in the failed run
+            if ran_out is not None:
+                self._put_back_ran_out(loader, ran_out)
             return
         step = self.rt.step
         record = self._records.get(step)
@@ -241,6 +279,32 @@ class MinibatchGap:
         self.rt.stash_rng(step)  # (first: a record saying so with the state before would be believed)
         record.evaluated = True
         self._write(step)
+
+    def _put_back_ran_out(self, loader: Any, ran_out: bytes | str) -> None:
+        """After the restore before the epoch's iterator: the script's own generators as the previous epoch's
+        iterator left them when it ran out (recorded), or its sampler's draw there made again (not recorded:
+        this rank died before it; known for torch's ``RandomSampler``, else the resume stops)."""
+        if isinstance(ran_out, bytes):
+            if ran_out:
+                private_rng.restore(ran_out)
+            return
+        sampler = getattr(loader, "sampler", None)
+        from torch.utils.data import RandomSampler
+
+        if type(sampler) is RandomSampler and sampler.generator is not None:
+            import torch
+
+            # what RandomSampler.__iter__ draws after its last index (torch 2.x): one more permutation, or the
+            # remainder of its draws with replacement
+            n = len(sampler.data_source)
+            if sampler.replacement:
+                torch.randint(high=n, size=(sampler.num_samples % 32,), dtype=torch.int64, generator=sampler.generator)
+            else:
+                torch.randperm(n, generator=sampler.generator)
+            return
+        self._refuse(f"rank {self.rt.rank} died before its previous epoch's DataLoader iterator ran out, and where "
+                     f"it ran out the other ranks' sampler ({type(sampler).__name__}) drew from a generator of the "
+                     f"script's own: this rank's state after that draw is not known")
 
     def _moved(self, step: int, now: bytes) -> bool:
         stashed = self.rt.rng_stashed_for(step)
@@ -323,14 +387,21 @@ class MinibatchGap:
                     f"repeat them")
         if epoch_key is not None:
             state = own.before_iterator if own is not None else None
+            ran_out: bytes | str | None = None
             if state is None and not draws:
                 state = own_state  # (nothing drawn before the epoch's iterator: the state at the step is that state)
+                if own is not None and own.ran_out is not None:
+                    ran_out = own.ran_out  # (the script's own generators after its sampler's last draw)
+                elif any(r.ran_out is not None for r in others):
+                    # this rank died before the previous epoch's iterator ran out, the others' ran out: its
+                    # sampler's draw there is not in this rank's state; replayed if the sampler is known
+                    ran_out = "draw" if any(r.own_moved for r in others) else None
             if state is None:
                 return (f"rank {self.rt.rank}'s RNG state right before minibatch {step}'s new epoch iterator is not "
                         f"known: random numbers were drawn between minibatch {step - 1}'s optimizer step and that "
                         f"iterator (an evaluation, another DataLoader's iterator), which this rank did not reach, and "
                         f"which the resumed run does not repeat")
-            self._restore = (epoch_key, state)
+            self._restore = (epoch_key, state, ran_out)
             if framework is None or not (own is not None and own.refined):
                 self.rt.take_pending_rng()  # (not again at the fetch, the forward or a framework's batch start)
             # (else the framework's own start, after the iterator, puts back the state it stashed there: what the

@@ -9,11 +9,17 @@ the script skips to its position by iterating.  Making an iterator draws its
 base seed from the global generator, between one epoch's last optimizer
 step and the next epoch's first batch.
 
+``--loader-generator``: the DataLoader shuffles itself (``shuffle=True``,
+no ``DistributedSampler``) from a generator the script makes once, seeded
+per rank: its ``RandomSampler`` draws the permutation and the iterator its
+base seed from it, and one more permutation when an epoch's iterator runs out.
+
 ``--eval-draws``: after every epoch, an evaluation whose input noise comes
 from the global generator, and an all-reduce of its metric (the ranks meet
 there, between the two minibatches).  ``--die RANK:STEP:WHERE`` (first
 attempt only) SIGKILLs (``kill-*``) or SIGSTOPs (``stop-*``) that rank:
-``*-forward`` right before minibatch STEP's forward, ``*-epoch-end`` after
+``*-forward`` right before minibatch STEP's forward, ``*-step`` right
+before its optimizer step (its gradients all-reduced), ``*-epoch-end`` after
 the epoch whose last minibatch is STEP, before anything else.
 ``--freeze-in-save RANK``: that rank SIGSTOPs itself a second into its JIT
 save (first attempt only).  Prints
@@ -55,6 +61,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--eval-draws", action="store_true")
+    p.add_argument("--loader-generator", action="store_true")
     p.add_argument("--freeze-in-save", type=int, default=-1)
     args = p.parse_args()
     dist.init_process_group("gloo")
@@ -65,8 +72,13 @@ def main() -> None:
     torch.manual_seed(args.seed + 101 * rank)  # each rank's own dropout and augmentation
     ddp = DDP(model)
     dataset = Augmented(48)
-    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=args.workers)
+    if args.loader_generator:
+        sampler = None
+        shuffle = torch.Generator().manual_seed(args.seed + rank)
+        loader = DataLoader(dataset, batch_size=4, shuffle=True, generator=shuffle, num_workers=args.workers)
+    else:
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
+        loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=args.workers)
     per_epoch = len(loader)
     progress = {"step": 0}
     def freeze_in_save() -> None:
@@ -83,7 +95,8 @@ def main() -> None:
 
     step = start
     for epoch in range(start // per_epoch, args.epochs):
-        sampler.set_epoch(epoch)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         for i, (x, y) in enumerate(loader):
             if i < start - epoch * per_epoch:
                 continue  # (skipping to the resumed position)
@@ -92,6 +105,7 @@ def main() -> None:
             loss = nn.functional.mse_loss(ddp(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            maybe_die(step, "step")
             optimizer.step()
             step += 1
             progress["step"] = step  # (what a checkpoint taken before the next minibatch resumes at)
