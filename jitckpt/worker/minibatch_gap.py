@@ -390,7 +390,9 @@ class MinibatchGap:
             ran_out: bytes | str | None = None
             if state is None and not draws:
                 state = own_state  # (nothing drawn before the epoch's iterator: the state at the step is that state)
-                if own is not None and own.ran_out is not None:
+                if own is not None and (own.refined or own.evaluated):
+                    pass  # (its state was stashed again after the iterator ran out)
+                elif own is not None and own.ran_out is not None:
                     ran_out = own.ran_out  # (the script's own generators after its sampler's last draw)
                 elif any(r.ran_out is not None for r in others):
                     # this rank died before the previous epoch's iterator ran out, the others' ran out: its
