@@ -71,6 +71,20 @@ def test_draws_between_epochs_that_a_rank_never_saw_stop_the_job(tmp_path):
     assert allowed.sha is not None and allowed.sha != _reference(extra), allowed.output[-4000:]
 
 
+def test_a_save_before_an_epoch_ends_evaluation_that_earlier_epochs_ran_stops_the_job(tmp_path):
+    """The script all-reduces its loss after every optimizer step, then evaluates (drawing noise) at each epoch's
+    end.  Rank 1 dies between its backward and its optimizer step of minibatch 7, the last of epoch 1; the
+    others step and wait in the logging all-reduce, where they save minibatch 8, before the evaluation.  No rank
+    sees that evaluation's draws, and the resumed run does not evaluate again; but epoch 0's end drew at the
+    same point: the job stops with the reason (before: ``completed`` with other parameters)."""
+    extra = ["--eval-draws", "--log-allreduce"]
+    stopped = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", "1:7:kill-step"])
+    assert stopped.returncode == 77, (stopped.returncode, stopped.output[-4000:])
+    assert stopped.report["outcome"] == "stopped", stopped.report
+    assert "where every earlier epoch's end drew random numbers (an evaluation?)" in stopped.output, \
+        stopped.output[-4000:]
+
+
 def test_a_rank_that_freezes_in_its_own_save_does_not_hold_the_teardown(tmp_path):
     """Rank 1 is killed at minibatch 5; rank 2 freezes a second into its JIT save, after torchrun's teardown
     began.  Before, the teardown waited the whole --save-grace for it (30 s here) and then torchrun killed
@@ -103,18 +117,18 @@ def test_a_loader_shuffling_from_the_scripts_own_generator_resumes_an_epoch_bit_
 
 def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
     """The record of a minibatch's start is read back from checkpoints (untrusted): a fixed layout, every flag
-    round-trips, an unknown flag or a damaged RNG state is refused."""
+    round-trips, a short record or a damaged or unannounced state is refused."""
     from jitckpt.worker import rng_state
     from jitckpt.worker.minibatch_gap import MAGIC, GapRecord, GapRecordError
 
     state = rng_state.capture()
     for record in (GapRecord(), GapRecord(7, state, refined=True), GapRecord(None, None, draws=True, evaluated=True),
-                   GapRecord(3, None, ran_out=b"", own_moved=True), GapRecord(3, state, ran_out=b"\0\0")):
+                   GapRecord(3, None, ran_out=b"", own_moved=True, likely_draws=True),
+                   GapRecord(3, state, ran_out=b"\0\0")):
         assert GapRecord.decode(record.encode()) == record
     payload = GapRecord(7, state, evaluated=True).encode()
     flags = len(MAGIC) + 4
     for bad in (payload[:flags], b"JITGAP0\0" + payload[len(MAGIC):],
-                payload[:flags] + bytes([payload[flags] | 128]) + payload[flags + 1:],   # an unknown flag
                 payload[:flags] + bytes([payload[flags] & ~8]) + payload[flags + 1:],   # a state, not announced
                 payload[:-3],                                                           # a short one
                 GapRecord(3, None, ran_out=b"\1\0").encode()):                         # a damaged own state

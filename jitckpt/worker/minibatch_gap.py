@@ -66,8 +66,8 @@ MAGIC = b"JITGAP2\0"
 # loader key of the epoch's iterator (NO_KEY: none), flags, the lengths of the two states that follow: the RNG state
 # right before that iterator (a capture), the script's own generators when the epoch's iterator ran out
 _HEAD = struct.Struct("<IBII")
-_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED = 1, 2, 4, 8, 16, 32, 64
-_FLAGS = _EPOCH | _REFINED | _DRAWS | _BEFORE | _EVALUATED | _RAN_OUT | _OWN_MOVED
+_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED, _LIKELY = 1, 2, 4, 8, 16, 32, 64, 128
+_FLAGS = _EPOCH | _REFINED | _DRAWS | _BEFORE | _EVALUATED | _RAN_OUT | _OWN_MOVED | _LIKELY
 
 
 class GapRecordError(ValueError):
@@ -88,12 +88,15 @@ class GapRecord:
     # from one there: torch's RandomSampler does), as private_rng captures them (b"": none); None: not seen.
     ran_out: bytes | None = None
     own_moved: bool = False              # ... and they had moved since the state stashed at the step
+    # A JIT save came in this gap before the epoch's iterator, and an earlier epoch's end drew before its
+    # iterator (an evaluation): draws likely follow, which no rank will see
+    likely_draws: bool = False
 
     def encode(self) -> bytes:
         flags = ((_EPOCH if self.epoch_key is not None else 0) | (_REFINED if self.refined else 0)
                  | (_DRAWS if self.draws else 0) | (_BEFORE if self.before_iterator is not None else 0)
                  | (_EVALUATED if self.evaluated else 0) | (_RAN_OUT if self.ran_out is not None else 0)
-                 | (_OWN_MOVED if self.own_moved else 0))
+                 | (_OWN_MOVED if self.own_moved else 0) | (_LIKELY if self.likely_draws else 0))
         key = NO_KEY if self.epoch_key is None else self.epoch_key
         before, ran_out = self.before_iterator or b"", self.ran_out or b""
         return MAGIC + _HEAD.pack(key, flags, len(before), len(ran_out)) + before + ran_out
@@ -118,7 +121,8 @@ class GapRecord:
         except (rng_state.RngStateError, private_rng.PrivateRngError) as exc:
             raise GapRecordError(f"its RNG state is unusable ({exc})") from None
         return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS),
-                   bool(flags & _EVALUATED), ran_out if flags & _RAN_OUT else None, bool(flags & _OWN_MOVED))
+                   bool(flags & _EVALUATED), ran_out if flags & _RAN_OUT else None, bool(flags & _OWN_MOVED),
+                   bool(flags & _LIKELY))
 
 
 def _global(payload: bytes) -> dict[int, list[bytes]]:
@@ -153,6 +157,8 @@ class MinibatchGap:
         # After a resume that a framework adapter may settle by running the gap's evaluation again: (this rank's
         # state at the optimizer step before the gap, or None; why the resume is not exact otherwise, or None)
         self._rerun_offer: tuple[bytes | None, str | None] | None = None
+        # Whether an epoch's end already drew before the next epoch's iterator in this process (None: none seen)
+        self._epoch_ends_drew: bool | None = None
         # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
         self._disabled = False
 
@@ -228,6 +234,7 @@ class MinibatchGap:
         record.before_iterator = rng_state.capture()
         record.draws = record.draws or self._moved(step, record.before_iterator)
         self._write(step)
+        self._epoch_ends_drew = bool(self._epoch_ends_drew) or record.draws or record.evaluated
 
     def data_reached(self, key: int | None = None) -> None:
         """Minibatch ``rt.step`` takes its data: a fetch (of ``key``) or its first training forward (None)."""
@@ -319,6 +326,9 @@ class MinibatchGap:
         if self._moved(step, rng_state.capture()):
             record.draws = True
             self._write(step)
+        elif record.epoch_key is not None and self._epoch_ends_drew and not record.evaluated:
+            record.likely_draws = True  # (an evaluation at every epoch's end, not reached yet?)
+            self._write(step)
 
     # ----- after a resume ----------------------------------------------------------------
 
@@ -388,6 +398,13 @@ class MinibatchGap:
         if epoch_key is not None:
             state = own.before_iterator if own is not None else None
             ran_out: bytes | str | None = None
+            likely = any(r.likely_draws for r in [*([own] if own else []), *others])
+            if state is None and likely and not (own is not None and (own.refined or own.evaluated)):
+                return (f"the ranks that saved minibatch {step} stopped between minibatch {step - 1}'s optimizer step "
+                        f"and the next epoch's first DataLoader iterator, where every earlier epoch's end drew random "
+                        f"numbers (an evaluation?) before that iterator: if this one did too, no rank saw those "
+                        f"draws and the resumed run will not make them, so rank {self.rt.rank}'s state for minibatch "
+                        f"{step} cannot be shown to be the fault-free run's")
             if state is None and not draws:
                 state = own_state  # (nothing drawn before the epoch's iterator: the state at the step is that state)
                 if own is not None and (own.refined or own.evaluated):

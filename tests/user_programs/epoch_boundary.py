@@ -14,6 +14,9 @@ no ``DistributedSampler``) from a generator the script makes once, seeded
 per rank: its ``RandomSampler`` draws the permutation and the iterator its
 base seed from it, and one more permutation when an epoch's iterator runs out.
 
+``--log-allreduce``: an all-reduce of the loss after every optimizer step
+(logging), where the ranks meet between two minibatches.
+
 ``--eval-draws``: after every epoch, an evaluation whose input noise comes
 from the global generator, and an all-reduce of its metric (the ranks meet
 there, between the two minibatches).  ``--die RANK:STEP:WHERE`` (first
@@ -62,6 +65,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--eval-draws", action="store_true")
     p.add_argument("--loader-generator", action="store_true")
+    p.add_argument("--log-allreduce", action="store_true")
     p.add_argument("--freeze-in-save", type=int, default=-1)
     args = p.parse_args()
     dist.init_process_group("gloo")
@@ -107,6 +111,8 @@ def main() -> None:
             loss.backward()
             maybe_die(step, "step")
             optimizer.step()
+            if args.log_allreduce:
+                dist.all_reduce(loss.detach().clone())
             step += 1
             progress["step"] = step  # (what a checkpoint taken before the next minibatch resumes at)
         maybe_die(step - 1, "epoch-end")
