@@ -124,13 +124,15 @@ def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
     state = rng_state.capture()
     for record in (GapRecord(), GapRecord(7, state, refined=True), GapRecord(None, None, draws=True, evaluated=True),
                    GapRecord(3, None, ran_out=b"", own_moved=True, likely_draws=True),
-                   GapRecord(3, state, ran_out=b"\0\0")):
+                   GapRecord(3, state, ran_out=b"\0\0"),
+                   GapRecord(3, None, before_evaluation=state, drew_before_evaluation=True, saved=True)):
         assert GapRecord.decode(record.encode()) == record
     payload = GapRecord(7, state, evaluated=True).encode()
     flags = len(MAGIC) + 4
     for bad in (payload[:flags], b"JITGAP0\0" + payload[len(MAGIC):],
                 payload[:flags] + bytes([payload[flags] & ~8]) + payload[flags + 1:],   # a state, not announced
                 payload[:-3],                                                           # a short one
-                GapRecord(3, None, ran_out=b"\1\0").encode()):                         # a damaged own state
+                GapRecord(3, None, ran_out=b"\1\0").encode(),                          # a damaged own state
+                GapRecord(3, None, before_evaluation=state[:-5]).encode()):              # a damaged capture
         with pytest.raises(GapRecordError):
             GapRecord.decode(bad)

@@ -179,6 +179,33 @@ def test_hf_trainer_evaluating_at_each_epochs_end_bit_exact(tmp_path, hf_eval_fa
     assert output.count(rerun) == (2 if again else 0), output[-5000:]  # (by both ranks, or none)
 
 
+# More of what follows the evaluation, run again or not (found by a red-team run; each ended ``completed`` with
+# other parameters before): a callback that draws before the evaluation (the evaluation runs again from the state
+# it began with, not the step's); the best checkpoint kept (``load_best_model_at_end``, a save at each epoch's
+# end): the evaluation of the last epoch interrupted (no epoch follows: run again before the Trainer finishes and
+# loads its best model), and rank 0, which writes the checkpoints, killed after its evaluation (the save alone
+# made again).
+HF_AFTER_EVAL_CASES = [
+    ({"JOB_EVAL": "1", "JOB_CALLBACK_DRAWS": "1"}, "kill,rank=1,step=4,at=prediction_step", 4,
+     "running again the evaluation that followed minibatch 3"),
+    ({"JOB_KEEP_BEST": "1"}, "kill,rank=1,step=12,at=prediction_step", 12,
+     "running again the evaluation that followed minibatch 11"),
+    ({"JOB_KEEP_BEST": "1"}, "kill,rank=0,step=8,at=evaluate", 8,
+     "making again the checkpoint of global step 8 that the failure interrupted"),
+]
+
+
+@pytest.mark.parametrize("env,fault,step,says", HF_AFTER_EVAL_CASES,
+                         ids=["callback-draws-before-it", "best-model-last-evaluation", "best-model-save"])
+def test_hf_trainer_what_follows_an_evaluation_bit_exact(tmp_path, env, fault, step, says):
+    reference, _ = _run(HF_JOB, [], tmp_path / "plain", jit=False, extra_env=env)
+    output, report = _run(HF_JOB, [], tmp_path / "jit", fault=fault, extra_env=env)
+    assert _sha(output) == _sha(reference), "parameters differ from the fault-free run\n" + output[-5000:]
+    assert report["outcome"] == "completed" and report["restarts"] == 1, output[-5000:]
+    assert report["failures"][0]["resumed_from_minibatch"] == step, report["failures"]
+    assert says in output, output[-5000:]
+
+
 def test_an_interrupted_evaluation_within_an_epoch_stops_the_job(tmp_path):
     """With ``eval_strategy="steps"`` the Trainer evaluates within the epoch too, after global step 2; rank 1 is
     killed in that evaluation and rank 0 saves minibatch 2 in its all-gather.  The resumed Trainer fetches the

@@ -97,7 +97,8 @@ def _prepare(trainer: Any, rt: "JitRuntime", requested: Any) -> Any:
     callbacks.append(epoch_begin(rng))
     if path is None:
         return requested
-    first.rerun = functools.partial(_rerun_interrupted_evaluation, trainer, rt, rng)
+    first.rerun = functools.partial(_rerun_interrupted_gap, trainer, rt, rng)
+    _rerun_before_finalizing(trainer, first)
 
     def load_rng_state(checkpoint: str) -> None:
         """The state HF restores is this rank's own, from whichever replica carried it."""
@@ -111,29 +112,64 @@ def _prepare(trainer: Any, rt: "JitRuntime", requested: Any) -> Any:
 
 
 def _track_evaluations(trainer: Any, rt: "JitRuntime") -> bool:
-    """Stash the RNG state again when the Trainer's evaluation loop between two steps returns
-    (``MinibatchGap.framework_evaluated``); False if this Trainer has no ``evaluation_loop`` and ``_evaluate``
-    (other transformers versions: an interrupted evaluation is then not run again)."""
-    original = getattr(type(trainer), "evaluation_loop", None)
-    if original is None or getattr(type(trainer), "_evaluate", None) is None:
+    """Note in the gap records where the Trainer's evaluation between two steps begins and ends and where its own
+    checkpoint save returns (``jitckpt.worker.minibatch_gap``); False if this Trainer lacks the methods wrapped
+    (another transformers version: an interrupted evaluation is then not run again)."""
+    cls = type(trainer)
+    names = ("_evaluate", "evaluation_loop", "_save_checkpoint", "_determine_best_metric")
+    if any(getattr(cls, name, None) is None for name in names):
         return False
-    if getattr(trainer.__dict__.get("evaluation_loop"), "_jitckpt", False):
+    if getattr(trainer.__dict__.get("_evaluate"), "_jitckpt", False):
         return True  # (a second train())
+    loops_left = [0]
 
-    @functools.wraps(original)
+    def _evaluate(*args: Any, **kwargs: Any) -> Any:
+        rt.gap.framework_evaluation_begins()
+        datasets = trainer.eval_dataset
+        loops_left[0] = len(datasets) if isinstance(datasets, dict) else 1  # (one evaluation loop per dataset)
+        metrics = cls._evaluate(trainer, *args, **kwargs)
+        rt.gap.framework_evaluated()  # (if the loops were not seen: another evaluation loop)
+        return metrics
+
     def evaluation_loop(*args: Any, **kwargs: Any) -> Any:
-        output = original(trainer, *args, **kwargs)
-        rt.gap.framework_evaluated()
+        output = cls.evaluation_loop(trainer, *args, **kwargs)
+        loops_left[0] -= 1
+        if loops_left[0] == 0:
+            rt.gap.framework_evaluated()  # (the last one: what follows draws nothing, unless a callback does)
         return output
 
-    evaluation_loop._jitckpt = True  # type: ignore[attr-defined]
-    trainer.evaluation_loop = evaluation_loop
+    def _save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+        cls._save_checkpoint(trainer, *args, **kwargs)
+        rt.gap.framework_saved()
+
+    for name, wrapper in (("_evaluate", _evaluate), ("evaluation_loop", evaluation_loop),
+                          ("_save_checkpoint", _save_checkpoint)):
+        wrapper._jitckpt = True  # type: ignore[attr-defined]
+        setattr(trainer, name, wrapper)
     return True
+
+
+def _rerun_before_finalizing(trainer: Any, first: Any) -> None:
+    """A resume at the last minibatch starts no epoch: the interrupted evaluation is run again before the Trainer
+    finishes (and loads its best model)."""
+    finalize = type(trainer)._finalize_training if hasattr(type(trainer), "_finalize_training") else None
+    if finalize is None:
+        return
+
+    def _finalize_training(*args: Any, **kwargs: Any) -> Any:
+        del trainer._finalize_training  # once
+        rerun, first.rerun = first.rerun, None
+        if rerun is not None:
+            rerun()
+        return finalize(trainer, *args, **kwargs)
+
+    trainer._finalize_training = _finalize_training
 
 
 def _evaluates_before(trainer: Any, step: int) -> bool:
     """True if the Trainer evaluates between optimizer steps ``step - 1`` and ``step`` (``DefaultFlowCallback``'s
-    rule: at an epoch's end with ``eval_strategy="epoch"``, at every ``eval_steps`` with ``"steps"``)."""
+    rule: at an epoch's end with ``eval_strategy="epoch"``, at every ``eval_steps`` with ``"steps"``, and at the
+    last step)."""
     args, state = trainer.args, trainer.state
     if trainer.eval_dataset is None:
         return False
@@ -142,22 +178,49 @@ def _evaluates_before(trainer: Any, step: int) -> bool:
         return args.eval_delay <= state.epoch
     if strategy == "steps":
         every = state.eval_steps or args.eval_steps
-        return bool(every) and step % every == 0 and args.eval_delay <= step
+        return bool(every) and (step % every == 0 or step >= state.max_steps) and args.eval_delay <= step
     return False
 
 
-def _rerun_interrupted_evaluation(trainer: Any, rt: "JitRuntime", rng: base.MinibatchRng) -> None:
-    """At the first epoch start after a resume: if the failure interrupted the evaluation that precedes the
-    redone minibatch (the ranks that saved had not finished it), run it again from each rank's state before it,
-    as the fault-free run did; its random draws (its data loader's seed) then precede the minibatch's."""
+def _saves_before(trainer: Any, step: int) -> bool:
+    """True if the Trainer saves its own checkpoint between optimizer steps ``step - 1`` and ``step`` (``"best"``:
+    if the evaluation there found a new best metric, as the trainer state restored says)."""
+    args, state = trainer.args, trainer.state
+    strategy = getattr(args.save_strategy, "value", args.save_strategy)
+    if strategy == "epoch":
+        return True  # (at an epoch's end: the only place this is asked)
+    if strategy == "steps":
+        return bool(state.save_steps) and (step % state.save_steps == 0 or step >= state.max_steps)
+    if strategy == "best":
+        return state.best_global_step == step
+    return False
+
+
+def _rerun_interrupted_gap(trainer: Any, rt: "JitRuntime", rng: base.MinibatchRng) -> None:
+    """At the first epoch start after a resume (or at the end of training, if none follows): if the failure
+    interrupted the evaluation that precedes the redone minibatch (the ranks that saved had not finished it),
+    run it again, with what follows it (the best metric, the Trainer's own checkpoint), from each rank's state
+    when it began, as the fault-free run did: its random draws (its data loader's seed) then precede the
+    minibatch's.  If they had finished it but not the checkpoint save after it, make that save."""
     step = rt.resumed_from
-    if not rt.gap.settle_rerun(_evaluates_before(trainer, step)):
+    what = rt.gap.settle_rerun(_evaluates_before(trainer, step), _saves_before(trainer, step))
+    if what == "evaluate":
+        rng.drop()  # (the state after the evaluation is the one the redone minibatch starts with)
+        log(f"{FRAMEWORK}: running again the evaluation that followed minibatch {step - 1} (the failure interrupted "
+            f"it; the redone minibatch's random numbers come after its)")
+        metrics = trainer._evaluate(None, None)
+        new_best = trainer._determine_best_metric(metrics=metrics, trial=None)
+        strategy = getattr(trainer.args.save_strategy, "value", trainer.args.save_strategy)
+        save = new_best if strategy == "best" else _saves_before(trainer, step)
+    elif what == "save":
+        log(f"{FRAMEWORK}: making again the checkpoint of global step {step} that the failure interrupted")
+        save = True
+    else:
         return
-    rng.drop()  # (the state after the evaluation is the one the redone minibatch starts with)
-    log(f"{FRAMEWORK}: running again the evaluation that followed minibatch {step - 1} (the failure interrupted "
-        f"it; the redone minibatch's random numbers come after its)")
-    trainer._evaluate(None, None)
-    if trainer.control.should_training_stop:
+    if save:
+        trainer._save_checkpoint(trainer.model_wrapped, None)
+        trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+    if trainer.control.should_training_stop and step < trainer.state.max_steps:
         from jitckpt.worker import resume
 
         resume.inexact_resume(rt, f"the evaluation run again before minibatch {step} stopped the training (early "

@@ -63,11 +63,13 @@ if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
 MAGIC = b"JITGAP2\0"
-# loader key of the epoch's iterator (NO_KEY: none), flags, the lengths of the two states that follow: the RNG state
-# right before that iterator (a capture), the script's own generators when the epoch's iterator ran out
-_HEAD = struct.Struct("<IBII")
-_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED, _LIKELY = 1, 2, 4, 8, 16, 32, 64, 128
-_FLAGS = _EPOCH | _REFINED | _DRAWS | _BEFORE | _EVALUATED | _RAN_OUT | _OWN_MOVED | _LIKELY
+# loader key of the epoch's iterator (NO_KEY: none), flags, the lengths of the three states that follow: the RNG
+# state right before that iterator (a capture), the script's own generators when the epoch's iterator ran out, the
+# RNG state when a framework's evaluation began (a capture)
+_HEAD = struct.Struct("<IHIII")
+(_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED, _LIKELY, _BEFORE_EVAL, _DREW_BEFORE_EVAL,
+ _SAVED) = (1 << n for n in range(11))
+_FLAGS = (1 << 11) - 1
 
 
 class GapRecordError(ValueError):
@@ -91,38 +93,61 @@ class GapRecord:
     # A JIT save came in this gap before the epoch's iterator, and an earlier epoch's end drew before its
     # iterator (an evaluation): draws likely follow, which no rank will see
     likely_draws: bool = False
+    before_evaluation: bytes | None = None  # the RNG state when a framework's evaluation in the gap began
+    drew_before_evaluation: bool = False    # ... which differed from the state at the step (a callback drew)
+    saved: bool = False                  # the framework's own checkpoint save in the gap returned
 
     def encode(self) -> bytes:
-        flags = ((_EPOCH if self.epoch_key is not None else 0) | (_REFINED if self.refined else 0)
-                 | (_DRAWS if self.draws else 0) | (_BEFORE if self.before_iterator is not None else 0)
-                 | (_EVALUATED if self.evaluated else 0) | (_RAN_OUT if self.ran_out is not None else 0)
-                 | (_OWN_MOVED if self.own_moved else 0) | (_LIKELY if self.likely_draws else 0))
+        flags = 0
+        for flag, on in ((_EPOCH, self.epoch_key is not None), (_REFINED, self.refined), (_DRAWS, self.draws),
+                         (_BEFORE, self.before_iterator is not None), (_EVALUATED, self.evaluated),
+                         (_RAN_OUT, self.ran_out is not None), (_OWN_MOVED, self.own_moved),
+                         (_LIKELY, self.likely_draws), (_BEFORE_EVAL, self.before_evaluation is not None),
+                         (_DREW_BEFORE_EVAL, self.drew_before_evaluation), (_SAVED, self.saved)):
+            flags |= flag if on else 0
         key = NO_KEY if self.epoch_key is None else self.epoch_key
-        before, ran_out = self.before_iterator or b"", self.ran_out or b""
-        return MAGIC + _HEAD.pack(key, flags, len(before), len(ran_out)) + before + ran_out
+        blobs = (self.before_iterator or b"", self.ran_out or b"", self.before_evaluation or b"")
+        return MAGIC + _HEAD.pack(key, flags, *(len(b) for b in blobs)) + b"".join(blobs)
 
     @classmethod
     def decode(cls, payload: bytes) -> "GapRecord":
         if not payload.startswith(MAGIC) or len(payload) < len(MAGIC) + _HEAD.size:
             raise GapRecordError("not jitckpt's record of a minibatch's start (wrong header)")
-        key, flags, n_before, n_ran_out = _HEAD.unpack_from(payload, len(MAGIC))
+        key, flags, *sizes = _HEAD.unpack_from(payload, len(MAGIC))
         start = len(MAGIC) + _HEAD.size
-        if len(payload) != start + n_before + n_ran_out:
+        if len(payload) != start + sum(sizes):
             raise GapRecordError("not jitckpt's record of a minibatch's start (wrong length)")
-        state, ran_out = payload[start:start + n_before], payload[start + n_before:]
-        if (flags & ~_FLAGS or bool(state) != bool(flags & _BEFORE)
-                or (ran_out and not flags & _RAN_OUT)):
+        blobs = []
+        for size in sizes:
+            blobs.append(payload[start:start + size])
+            start += size
+        state, ran_out, before_evaluation = blobs
+        if (flags & ~_FLAGS or bool(state) != bool(flags & _BEFORE) or (ran_out and not flags & _RAN_OUT)
+                or bool(before_evaluation) != bool(flags & _BEFORE_EVAL)):
             raise GapRecordError("not jitckpt's record of a minibatch's start (unknown flags)")
         try:
-            if state:
-                rng_state.decode(state)
+            for capture in (state, before_evaluation):
+                if capture:
+                    rng_state.decode(capture)
             if ran_out:
                 private_rng.decode(ran_out)
         except (rng_state.RngStateError, private_rng.PrivateRngError) as exc:
             raise GapRecordError(f"its RNG state is unusable ({exc})") from None
         return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS),
                    bool(flags & _EVALUATED), ran_out if flags & _RAN_OUT else None, bool(flags & _OWN_MOVED),
-                   bool(flags & _LIKELY))
+                   bool(flags & _LIKELY), before_evaluation or None, bool(flags & _DREW_BEFORE_EVAL),
+                   bool(flags & _SAVED))
+
+
+@dataclass
+class _RerunOffer:
+    """After a resume: what ``settle_rerun`` decides from (see ``arm_resume``)."""
+
+    own: GapRecord | None
+    own_state: bytes | None
+    why: str | None          # why the resume is not exact if the framework runs nothing again
+    records: list[GapRecord]  # every rank's record that this rank sees
+    savers: list[GapRecord]   # the records of the ranks that wrote the checkpoints
 
 
 def _global(payload: bytes) -> dict[int, list[bytes]]:
@@ -154,9 +179,8 @@ class MinibatchGap:
         # states (bytes), "draw" (replay the sampler's draw there: this rank died before it), or None)
         self._restore: tuple[int, bytes, bytes | str | None] | None = None
         self._refuse: Callable[[str], None] = lambda reason: None
-        # After a resume that a framework adapter may settle by running the gap's evaluation again: (this rank's
-        # state at the optimizer step before the gap, or None; why the resume is not exact otherwise, or None)
-        self._rerun_offer: tuple[bytes | None, str | None] | None = None
+        # After a resume that a framework adapter may settle by running the gap's work again (settle_rerun)
+        self._rerun_offer: _RerunOffer | None = None
         # Whether an epoch's end already drew before the next epoch's iterator in this process (None: none seen)
         self._epoch_ends_drew: bool | None = None
         # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
@@ -274,18 +298,40 @@ class MinibatchGap:
         record.refined = True
         self._write(step)
 
+    def _gap_record(self) -> GapRecord | None:
+        """The record of the minibatch whose gap is open (None: no gap open, or this rank got to its start)."""
+        record = self._records.get(self.rt.step)
+        return None if self._open_for != self.rt.step or record is None or record.refined else record
+
+    def framework_evaluation_begins(self) -> None:
+        """A framework's evaluation begins in this rank's gap: its state now is what the evaluation, run again
+        after a resume, starts from (``settle_rerun``); if it moved since the step, something drew before."""
+        record = self._gap_record()
+        if record is None or record.before_evaluation is not None or record.evaluated:
+            return
+        record.before_evaluation = rng_state.capture()
+        record.drew_before_evaluation = self._moved(self.rt.step, record.before_evaluation)
+        self._write(self.rt.step)
+
     def framework_evaluated(self) -> None:
-        """A framework's evaluation loop in minibatch ``rt.step``'s gap returned on this rank: the state now is the
-        one the minibatch starts with unless something draws before the framework's start of it (where
-        ``framework_start`` sees it), so it is stashed for it.  From here on a JIT save of this rank holds what
-        the evaluation changed (logged metrics, a metric-driven scheduler's step): it is not run again."""
-        step = self.rt.step
-        record = self._records.get(step)
-        if self._open_for != step or record is None or record.refined:
+        """A framework's evaluation in minibatch ``rt.step``'s gap ended on this rank (its last evaluation loop
+        returned): the state now is the one the minibatch starts with unless something draws before the
+        framework's start of it (where ``framework_start`` sees it), so it is stashed for it.  From here on a
+        JIT save of this rank holds what the evaluation changed (logged metrics, a metric-driven scheduler's
+        step, the best metric): it is not run again."""
+        record = self._gap_record()
+        if record is None or record.evaluated:
             return  # (not between two minibatches: an evaluation the script runs itself)
-        self.rt.stash_rng(step)  # (first: a record saying so with the state before would be believed)
+        self.rt.stash_rng(self.rt.step)  # (first: a record saying so with the state before would be believed)
         record.evaluated = True
-        self._write(step)
+        self._write(self.rt.step)
+
+    def framework_saved(self) -> None:
+        """The framework's own checkpoint save in this rank's gap returned (it is not made again after a resume)."""
+        record = self._gap_record()
+        if record is not None and not record.saved:
+            record.saved = True
+            self._write(self.rt.step)
 
     def _put_back_ran_out(self, loader: Any, ran_out: bytes | str) -> None:
         """After the restore before the epoch's iterator: the script's own generators as the previous epoch's
@@ -339,41 +385,49 @@ class MinibatchGap:
         ``own``: this rank's record of the resumed minibatch, ``others``: other ranks' (structural facts: an epoch
         start, draws in the gap), ``own_state``: this rank's stashed RNG state for it; ``refuse`` is called if
         the redone run turns out not to make the epoch's iterator anew.  ``savers``: the records of the ranks
-        that wrote the checkpoints of the step: if a framework adapter can run the gap's evaluation again
-        (``rt.framework_reruns_evaluation``), the minibatch starts an epoch and no saver got past that
-        evaluation, the answer waits for the adapter (``settle_rerun``).
+        that wrote the checkpoints of the step: if a framework adapter can run the gap's work again
+        (``rt.framework_reruns_evaluation``), the minibatch starts an epoch and the savers stopped in its gap,
+        the answer waits for the adapter (``settle_rerun``).
         """
         self._refuse = refuse
         why = self._arm(own, others, own_state)
         if (self.rt.framework_reruns_evaluation and self._epoch_key(own, others) is not None and savers
-                and not any(r.evaluated or r.refined for r in savers)):
-            self._rerun_offer = (own_state if own is None or not (own.refined or own.evaluated) else None, why)
+                and not any(r.refined for r in savers)):
+            self._rerun_offer = _RerunOffer(own, own_state, why, [*([own] if own else []), *others], savers)
             return None
         return why
 
-    def settle_rerun(self, evaluates: bool) -> bool:
-        """A framework adapter, at its first epoch start after a resume, says whether its framework evaluated between
-        the resumed minibatch and the one before (``evaluates``).  True: it runs that evaluation again now, and
-        this rank's state at the optimizer step before it was put back (the savers stopped before its end, so
-        nobody's state after it is known, and the one before, with the same evaluation run again, gives it);
-        the restore before the epoch's iterator is dropped.  False: the resume goes on as armed, or stops with
-        the reason found."""
+    def settle_rerun(self, evaluation_due: bool, save_due: bool) -> str:
+        """A framework adapter, at its first epoch start after a resume (or at the end of training), says whether
+        its framework evaluates and saves its own checkpoint between the resumed minibatch and the one before.
+        Returns what it runs again now: ``"evaluate"`` (the evaluation and what follows it: the ranks that saved
+        stopped before its end, so nobody's state after it is known; this rank's state when it began was put
+        back), ``"save"`` (only the framework's checkpoint save, which they stopped in), or ``""`` (nothing: the
+        resume goes on as armed, or stops with the reason found)."""
         offer, self._rerun_offer = self._rerun_offer, None
         if offer is None:
-            return False
-        state, why = offer
-        if not evaluates:
-            if why is not None:
-                self._refuse(why)
-            return False
-        self._restore = None
-        self.rt.take_pending_rng()
-        if state is None:  # (every rank evaluates again, or the others would wait for it in a collective)
-            self._refuse(f"rank {self.rt.rank}'s RNG state at minibatch {self.rt.resumed_from - 1}'s optimizer step "
-                         f"is not known: the evaluation that followed it is run again from another state")
-        else:
-            rng_state.restore(state)
-        return True
+            return ""
+        own, step = offer.own, self.rt.resumed_from
+        if evaluation_due and not any(r.evaluated for r in offer.savers):
+            self._restore = None
+            self.rt.take_pending_rng()
+            state = own.before_evaluation if own is not None else None
+            if state is None and own is not None and not (own.refined or own.evaluated) \
+                    and not any(r.drew_before_evaluation for r in offer.records):
+                state = offer.own_state  # (nothing drawn between the step and the evaluation: the same state)
+            if state is None:  # (every rank evaluates again, or the others would wait for it in a collective)
+                self._refuse(f"random numbers were drawn between minibatch {step - 1}'s optimizer step and the "
+                             f"evaluation that followed it (a callback), and rank {self.rt.rank} did not get to that "
+                             f"evaluation in the run that failed: the evaluation, run again, cannot start from the "
+                             f"state it had")
+            else:
+                rng_state.restore(state)
+            return "evaluate"
+        if offer.why is not None:
+            self._refuse(offer.why)
+        if save_due and not any(r.saved for r in offer.savers):
+            return "save"
+        return ""
 
     @staticmethod
     def _epoch_key(own: GapRecord | None, others: list[GapRecord]) -> int | None:
@@ -393,7 +447,7 @@ class MinibatchGap:
             return (f"{framework} drew random numbers between minibatch {step - 1}'s optimizer step and minibatch "
                     f"{step}'s start (an evaluation, a callback), and rank {self.rt.rank} did not get "
                     f"to its start of minibatch {step} in the run that failed (where {framework} stashes and restores "
-                    f"the state): its state after those draws is not known, and the resumed {framework} does not "
+                    f"the state; it saved, or failed, before): its state after those draws is not known, and the resumed {framework} does not "
                     f"repeat them")
         if epoch_key is not None:
             state = own.before_iterator if own is not None else None

@@ -12,6 +12,9 @@ JOB_FAULT="kill|hang,rank=R,step=S" makes rank R SIGKILL or SIGSTOP itself in
 ``epoch_end`` (before the evaluation at an epoch's end), ``epoch_begin`` (after
 it, before the epoch's data loader is made).  JOB_EVAL=1: evaluate on 16
 sequences at every epoch's end; JOB_EVAL_STEPS=N: every N global steps instead.
+JOB_KEEP_BEST=1: save a checkpoint at each epoch's end and load the best one
+(lowest evaluation loss) when training ends.  JOB_CALLBACK_DRAWS=1: a callback
+draws from the global generator in ``on_epoch_end`` (before the evaluation).
 Each rank seeds its global generator with its rank after the Trainer is made
 (its dropout and its evaluation's draws are its own).
 """
@@ -66,10 +69,18 @@ class FaultInjector(TrainerCallback):
         self._maybe("evaluate", args, state)
 
 
+class DrawsAtEpochEnd(TrainerCallback):
+    """A user's callback that draws from the global generator at each epoch's end, before the evaluation."""
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        torch.rand(3)
+
+
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else "hf-output"
     eval_steps = int(os.environ.get("JOB_EVAL_STEPS", "0"))
-    evaluate = os.environ.get("JOB_EVAL") == "1" or eval_steps > 0
+    keep_best = os.environ.get("JOB_KEEP_BEST") == "1"
+    evaluate = os.environ.get("JOB_EVAL") == "1" or eval_steps > 0 or keep_best
     args = TrainingArguments(
         output_dir=out,
         num_train_epochs=3,
@@ -81,7 +92,9 @@ def main() -> None:
         weight_decay=0.01,
         seed=7,
         dataloader_drop_last=True,
-        save_strategy="no",
+        save_strategy="epoch" if keep_best else "no",
+        load_best_model_at_end=keep_best,
+        metric_for_best_model="eval_loss" if keep_best else None,
         eval_strategy=("steps" if eval_steps else "epoch") if evaluate else "no",
         eval_steps=eval_steps or None,
         per_device_eval_batch_size=4,
@@ -97,6 +110,8 @@ def main() -> None:
     set_seed(args.seed)
     model = GPT2LMHeadModel(config)
     callbacks = [FaultInjector(os.environ["JOB_FAULT"])] if os.environ.get("JOB_FAULT") else []
+    if os.environ.get("JOB_CALLBACK_DRAWS") == "1":
+        callbacks.append(DrawsAtEpochEnd())
     # 64 sequences, 2 ranks x 4 per device x 2 accumulation: 4 optimizer steps per epoch, 12 in all
     trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(64, 16, 64),
                       eval_dataset=TokenDataset(16, 16, 64) if evaluate else None, callbacks=callbacks)
