@@ -184,10 +184,18 @@ def test_hf_trainer_evaluating_at_each_epochs_end_bit_exact(tmp_path, hf_eval_fa
 # it began with, not the step's); the best checkpoint kept (``load_best_model_at_end``, a save at each epoch's
 # end): the evaluation of the last epoch interrupted (no epoch follows: run again before the Trainer finishes and
 # loads its best model), and rank 0, which writes the checkpoints, killed after its evaluation (the save alone
-# made again).
+# made again); a step's checkpoint saved at an epoch's end, before its evaluation (not made again after it: a
+# callback draws on each save); early stopping (its patience counter restored from the checkpoint, which HF does
+# only with ``restore_callback_states_from_checkpoint``; and stopping in the evaluation run again: the new epoch
+# trains nothing, as the fault-free run ended there).
 HF_AFTER_EVAL_CASES = [
-    ({"JOB_EVAL": "1", "JOB_CALLBACK_DRAWS": "1"}, "kill,rank=1,step=4,at=prediction_step", 4,
+    ({"JOB_EVAL": "1", "JOB_CALLBACK_DRAWS": "epoch_end"}, "kill,rank=1,step=4,at=prediction_step", 4,
      "running again the evaluation that followed minibatch 3"),
+    ({"JOB_EVAL": "1", "JOB_SAVE_STEPS": "4", "JOB_CALLBACK_DRAWS": "save"}, "kill,rank=1,step=4,at=prediction_step",
+     4, "running again the evaluation that followed minibatch 3"),
+    ({"JOB_EARLY_STOP": "1"}, "kill,rank=1,step=13", 13, "resuming from minibatch 13"),
+    ({"JOB_EARLY_STOP": "1"}, "kill,rank=1,step=16,at=prediction_step", 16,
+     "the evaluation run again stopped the training (early stopping), as in the fault-free run"),
     ({"JOB_KEEP_BEST": "1"}, "kill,rank=1,step=12,at=prediction_step", 12,
      "running again the evaluation that followed minibatch 11"),
     ({"JOB_KEEP_BEST": "1"}, "kill,rank=0,step=8,at=evaluate", 8,
@@ -196,7 +204,8 @@ HF_AFTER_EVAL_CASES = [
 
 
 @pytest.mark.parametrize("env,fault,step,says", HF_AFTER_EVAL_CASES,
-                         ids=["callback-draws-before-it", "best-model-last-evaluation", "best-model-save"])
+                         ids=["callback-draws-before-it", "a-save-before-it-not-made-again", "early-stopping-patience",
+                              "early-stopping-in-it", "best-model-last-evaluation", "best-model-save"])
 def test_hf_trainer_what_follows_an_evaluation_bit_exact(tmp_path, env, fault, step, says):
     reference, _ = _run(HF_JOB, [], tmp_path / "plain", jit=False, extra_env=env)
     output, report = _run(HF_JOB, [], tmp_path / "jit", fault=fault, extra_env=env)

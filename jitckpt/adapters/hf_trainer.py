@@ -85,6 +85,7 @@ def _prepare(trainer: Any, rt: "JitRuntime", requested: Any) -> Any:
     if not base.claim(rt, functools.partial(_jit_save, trainer, rt), FRAMEWORK):
         return requested
     rt.framework_reruns_evaluation = _track_evaluations(trainer, rt)
+    rt.framework_last_minibatch = trainer.args.max_steps if trainer.args.max_steps > 0 else None
     path = base.resume_point(rt)
     rng = base.MinibatchRng(rt)
     step_begin, epoch_begin = _callback_classes()
@@ -98,6 +99,7 @@ def _prepare(trainer: Any, rt: "JitRuntime", requested: Any) -> Any:
     if path is None:
         return requested
     first.rerun = functools.partial(_rerun_interrupted_gap, trainer, rt, rng)
+    first.trainer = trainer
     _rerun_before_finalizing(trainer, first)
 
     def load_rng_state(checkpoint: str) -> None:
@@ -211,7 +213,8 @@ def _rerun_interrupted_gap(trainer: Any, rt: "JitRuntime", rng: base.MinibatchRn
         metrics = trainer._evaluate(None, None)
         new_best = trainer._determine_best_metric(metrics=metrics, trial=None)
         strategy = getattr(trainer.args.save_strategy, "value", trainer.args.save_strategy)
-        save = new_best if strategy == "best" else _saves_before(trainer, step)
+        # (a checkpoint the ranks that saved had made came before the evaluation: a step's, at an epoch's end)
+        save = not rt.gap.saved_in_gap() and (new_best if strategy == "best" else _saves_before(trainer, step))
     elif what == "save":
         log(f"{FRAMEWORK}: making again the checkpoint of global step {step} that the failure interrupted")
         save = True
@@ -221,11 +224,36 @@ def _rerun_interrupted_gap(trainer: Any, rt: "JitRuntime", rng: base.MinibatchRn
         trainer._save_checkpoint(trainer.model_wrapped, None)
         trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
     if trainer.control.should_training_stop and step < trainer.state.max_steps:
-        from jitckpt.worker import resume
+        # (early stopping: the fault-free run ended after this evaluation; the epoch just begun trains nothing)
+        run_epoch = type(trainer).__dict__.get("_run_epoch") and trainer._run_epoch
+        if not run_epoch:
+            from jitckpt.worker import resume
 
-        resume.inexact_resume(rt, f"the evaluation run again before minibatch {step} stopped the training (early "
-                                  f"stopping): the fault-free run ended there, but {FRAMEWORK} trains the epoch "
-                                  f"it has started")
+            resume.inexact_resume(rt, f"the evaluation run again before minibatch {step} stopped the training (early "
+                                      f"stopping): the fault-free run ended there, but {FRAMEWORK} trains the epoch "
+                                      f"it has started")
+            return
+        log(f"{FRAMEWORK}: the evaluation run again stopped the training (early stopping), as in the fault-free run")
+
+        def stopped_epoch(*args: Any, **kwargs: Any) -> None:
+            del trainer._run_epoch  # once
+
+        trainer._run_epoch = stopped_epoch
+
+
+def _restore_callback_states(trainer: Any, state: Any) -> None:
+    """Put back the state of the stateful callbacks (early stopping's patience) from the JIT checkpoint's trainer
+    state, which HF restores only with ``restore_callback_states_from_checkpoint``: the fault-free run kept it.
+    The Trainer's control flags are left alone (the checkpoint's are those of a minibatch in progress)."""
+    from transformers.trainer_callback import ExportableState, TrainerControl
+
+    stored = state.stateful_callbacks or {}
+    for name, data in stored.items():
+        matching = [c for c in trainer.callback_handler.callbacks
+                    if type(c).__name__ == name and isinstance(c, ExportableState) and not isinstance(c, TrainerControl)]
+        for callback, saved in zip(matching, data if isinstance(data, list) else [data]):
+            for attribute, value in (saved.get("attributes") or {}).items():
+                setattr(callback, attribute, value)
 
 
 def _starts_epoch(step: int, loader: Any, accumulation: int) -> bool:
@@ -249,11 +277,16 @@ def _callback_classes() -> tuple[type, type]:
         def __init__(self, rng: base.MinibatchRng) -> None:
             self.rng = rng
             self.rerun: Callable[[], None] | None = None
+            self.trainer: Any = None  # (a resumed attempt's)
 
         def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             rerun, self.rerun = self.rerun, None
             if rerun is not None:
                 rerun()
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.rerun is not None and not args.restore_callback_states_from_checkpoint:
+                _restore_callback_states(self.trainer, state)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
             if not _starts_epoch(state.global_step, train_dataloader, args.gradient_accumulation_steps):
@@ -313,6 +346,9 @@ def _jit_save(trainer: Any, rt: "JitRuntime", path: str) -> None:
     from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_callback import ExportableState
 
+    if trainer.optimizer is None:
+        raise RuntimeError(f"{FRAMEWORK} has no optimizer yet (the failure came before its training started): "
+                           f"there is nothing to save beyond the checkpoint it resumed from")
     with _every_rank_writes(trainer):
         trainer._save(path)
         trainer._save_optimizer_and_scheduler(path)

@@ -181,6 +181,7 @@ class MinibatchGap:
         self._refuse: Callable[[str], None] = lambda reason: None
         # After a resume that a framework adapter may settle by running the gap's work again (settle_rerun)
         self._rerun_offer: _RerunOffer | None = None
+        self._savers_saved = False
         # Whether an epoch's end already drew before the next epoch's iterator in this process (None: none seen)
         self._epoch_ends_drew: bool | None = None
         # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
@@ -387,15 +388,21 @@ class MinibatchGap:
         the redone run turns out not to make the epoch's iterator anew.  ``savers``: the records of the ranks
         that wrote the checkpoints of the step: if a framework adapter can run the gap's work again
         (``rt.framework_reruns_evaluation``), the minibatch starts an epoch and the savers stopped in its gap,
-        the answer waits for the adapter (``settle_rerun``).
+        the answer waits for the adapter (``settle_rerun``); so it does at the framework's last minibatch
+        (``rt.framework_last_minibatch``), which need not end an epoch.
         """
         self._refuse = refuse
         why = self._arm(own, others, own_state)
-        if (self.rt.framework_reruns_evaluation and self._epoch_key(own, others) is not None and savers
-                and not any(r.refined for r in savers)):
+        last = self.rt.framework_last_minibatch
+        ends = self._epoch_key(own, others) is not None or (last is not None and self.rt.resumed_from >= last)
+        if self.rt.framework_reruns_evaluation and ends and savers and not any(r.refined for r in savers):
             self._rerun_offer = _RerunOffer(own, own_state, why, [*([own] if own else []), *others], savers)
             return None
         return why
+
+    def saved_in_gap(self) -> bool:
+        """After ``settle_rerun``: whether the ranks that saved had made the framework's own checkpoint in the gap."""
+        return self._savers_saved
 
     def settle_rerun(self, evaluation_due: bool, save_due: bool) -> str:
         """A framework adapter, at its first epoch start after a resume (or at the end of training), says whether
@@ -408,6 +415,7 @@ class MinibatchGap:
         if offer is None:
             return ""
         own, step = offer.own, self.rt.resumed_from
+        self._savers_saved = any(r.saved for r in offer.savers)
         if evaluation_due and not any(r.evaluated for r in offer.savers):
             self._restore = None
             self.rt.take_pending_rng()

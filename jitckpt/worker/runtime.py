@@ -86,6 +86,7 @@ class JitRuntime:
         # The framework whose adapter saves and resumes (jitckpt.adapters.base.claim).
         self.framework: str | None = None
         self.framework_reruns_evaluation = False  # (its adapter can run an interrupted evaluation again: HF's)
+        self.framework_last_minibatch: int | None = None  # (the step it stops at, if it says: HF's max_steps)
         self._rng_by_step: dict[int, bytes] = {}  # the RNG state stashed for each minibatch (this one and the next)
 
         self.save_fn: SaveFunction | None = None

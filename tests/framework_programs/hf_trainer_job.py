@@ -13,8 +13,10 @@ JOB_FAULT="kill|hang,rank=R,step=S" makes rank R SIGKILL or SIGSTOP itself in
 it, before the epoch's data loader is made).  JOB_EVAL=1: evaluate on 16
 sequences at every epoch's end; JOB_EVAL_STEPS=N: every N global steps instead.
 JOB_KEEP_BEST=1: save a checkpoint at each epoch's end and load the best one
-(lowest evaluation loss) when training ends.  JOB_CALLBACK_DRAWS=1: a callback
-draws from the global generator in ``on_epoch_end`` (before the evaluation).
+(lowest evaluation loss) when training ends; JOB_EARLY_STOP=1: that, over 8
+epochs, with early stopping (patience 2); JOB_SAVE_STEPS=N: save every N steps
+instead.  JOB_CALLBACK_DRAWS=H: a callback draws from the global generator in
+``on_H`` (``epoch_end``: before the evaluation; ``save``).
 Each rank seeds its global generator with its rank after the Trainer is made
 (its dropout and its evaluation's draws are its own).
 """
@@ -26,7 +28,8 @@ import sys
 
 import torch
 from job_common import end_cleanly, first_attempt, inject, parse_fault, print_result
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
+from transformers import (EarlyStoppingCallback, GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback,
+                          TrainingArguments, set_seed)
 
 
 class TokenDataset(torch.utils.data.Dataset):
@@ -69,21 +72,31 @@ class FaultInjector(TrainerCallback):
         self._maybe("evaluate", args, state)
 
 
-class DrawsAtEpochEnd(TrainerCallback):
-    """A user's callback that draws from the global generator at each epoch's end, before the evaluation."""
+class Draws(TrainerCallback):
+    """A user's callback that draws from the global generator in one hook (``epoch_end`` or ``save``)."""
+
+    def __init__(self, hook: str) -> None:
+        self.hook = hook
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        torch.rand(3)
+        if self.hook == "epoch_end":
+            torch.rand(3)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.hook == "save":
+            torch.rand(3)
 
 
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else "hf-output"
     eval_steps = int(os.environ.get("JOB_EVAL_STEPS", "0"))
-    keep_best = os.environ.get("JOB_KEEP_BEST") == "1"
+    early_stop = os.environ.get("JOB_EARLY_STOP") == "1"
+    keep_best = os.environ.get("JOB_KEEP_BEST") == "1" or early_stop
+    save_steps = int(os.environ.get("JOB_SAVE_STEPS", "0"))
     evaluate = os.environ.get("JOB_EVAL") == "1" or eval_steps > 0 or keep_best
     args = TrainingArguments(
         output_dir=out,
-        num_train_epochs=3,
+        num_train_epochs=8 if early_stop else 3,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
         learning_rate=1e-3,
@@ -92,7 +105,8 @@ def main() -> None:
         weight_decay=0.01,
         seed=7,
         dataloader_drop_last=True,
-        save_strategy="epoch" if keep_best else "no",
+        save_strategy="steps" if save_steps else "epoch" if keep_best else "no",
+        save_steps=save_steps or 500,
         load_best_model_at_end=keep_best,
         metric_for_best_model="eval_loss" if keep_best else None,
         eval_strategy=("steps" if eval_steps else "epoch") if evaluate else "no",
@@ -110,8 +124,10 @@ def main() -> None:
     set_seed(args.seed)
     model = GPT2LMHeadModel(config)
     callbacks = [FaultInjector(os.environ["JOB_FAULT"])] if os.environ.get("JOB_FAULT") else []
-    if os.environ.get("JOB_CALLBACK_DRAWS") == "1":
-        callbacks.append(DrawsAtEpochEnd())
+    if os.environ.get("JOB_CALLBACK_DRAWS"):
+        callbacks.append(Draws(os.environ["JOB_CALLBACK_DRAWS"]))
+    if early_stop:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=2, early_stopping_threshold=0.025))
     # 64 sequences, 2 ranks x 4 per device x 2 accumulation: 4 optimizer steps per epoch, 12 in all
     trainer = Trainer(model=model, args=args, train_dataset=TokenDataset(64, 16, 64),
                       eval_dataset=TokenDataset(16, 16, 64) if evaluate else None, callbacks=callbacks)
