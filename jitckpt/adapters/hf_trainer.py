@@ -21,11 +21,14 @@ At the start of ``train()`` the adapter
   for any other (after the step's batches were fetched), and again when an
   evaluation loop between two steps returns; on a restart HF's
   ``_load_rng_state`` puts back this rank's own state from jitckpt;
-- on a restart at an epoch's start whose evaluation the failure interrupted
-  (the ranks that saved had not finished it), runs that evaluation again at
-  the first ``on_epoch_begin``, from each rank's state at the step before:
-  the resumed Trainer would not evaluate, and nobody's state after it is
-  known (``jitckpt.worker.minibatch_gap``).
+- on a restart at an epoch's start (or the last step) whose evaluation the
+  failure interrupted (the ranks that saved had not finished it), runs that
+  evaluation again at the first ``on_epoch_begin`` (or before the Trainer
+  finishes), from each rank's state when it began, with the best metric and
+  the checkpoint due after it: the resumed Trainer would not evaluate, and
+  nobody's state after it is known (``jitckpt.worker.minibatch_gap``); makes
+  again a checkpoint save the failure interrupted; restores stateful
+  callbacks (early stopping's patience) from the JIT checkpoint.
 
 HF's ``global_step`` counts optimizer steps, like jitckpt's minibatch, so
 ``trainer_state.json`` holds the step the checkpoint is of (i, or i+1 after a
@@ -225,8 +228,7 @@ def _rerun_interrupted_gap(trainer: Any, rt: "JitRuntime", rng: base.MinibatchRn
         trainer.control = trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
     if trainer.control.should_training_stop and step < trainer.state.max_steps:
         # (early stopping: the fault-free run ended after this evaluation; the epoch just begun trains nothing)
-        run_epoch = type(trainer).__dict__.get("_run_epoch") and trainer._run_epoch
-        if not run_epoch:
+        if not hasattr(type(trainer), "_run_epoch"):  # (another transformers version)
             from jitckpt.worker import resume
 
             resume.inexact_resume(rt, f"the evaluation run again before minibatch {step} stopped the training (early "

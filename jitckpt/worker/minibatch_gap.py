@@ -38,8 +38,7 @@ framework's own start of a minibatch, where its resume restores it
 (``framework_start``), and after an evaluation in the gap
 (``framework_evaluated``); an evaluation that the failure interrupted,
 which the framework would not run again, the Hugging Face adapter runs again
-after the resume from each rank's state at the step before
-(``settle_rerun``).
+after the resume from each rank's state when it began (``settle_rerun``).
 
 Each rank keeps one record per minibatch in its host stash
 (``stash.GAP``): the key of the loader whose new iterator starts it, the RNG
