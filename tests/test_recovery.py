@@ -47,7 +47,10 @@ def _check_single_recovery(result, fault_free_sha, kind, phase, step):
     assert {d["rank"] for d in failure["detected_by"]} == {0, 1}, failure
     if kind == "hang":
         assert any(d["how"] == "hang" for d in failure["detected_by"]), failure
-    assert len(failure["saves"]) == 2 and all(s["minibatch"] == expected for s in failure["saves"]), failure
+    # A survivor on a busy host may not yet have seen the all-reduce of the minibatch before complete: it saves
+    # that one (consistent too: tests/test_user_code_faults.py places it), and the newest complete one wins.
+    saved = sorted(s["minibatch"] for s in failure["saves"])
+    assert len(saved) == 2 and saved[-1] == expected and saved[0] in (expected - 1, expected), failure
     for key in ("detect_seconds", "save_seconds", "restart_seconds", "resume_seconds"):
         assert failure[key] is not None and failure[key] >= 0, (key, failure)
 
@@ -59,13 +62,16 @@ def test_bit_exact_after_recovery(tmp_path, fault_free_sha, kind, phase, step):
 
 
 def test_failure_during_the_jit_save(tmp_path, fault_free_sha):
-    """Rank 2 dies; rank 1 dies while saving.  Its torn save is ignored, a replica's is used."""
+    """Rank 2 dies; rank 1 dies while saving.  Its torn save is ignored, a replica's is used.
+
+    Rank 0 saves 10, or 9 if its host was too busy for it to see the all-reduce of 9 complete in time
+    (placed on purpose in tests/test_user_code_faults.py); the job resumes from rank 0's save."""
     result = run_jit(tmp_path / "ckpt", fault="rank=2,step=10,phase=backward,kind=kill;rank=1,step=10,phase=save,kind=kill")
     assert result.returncode == 0, result.output[-4000:]
     assert result.sha == fault_free_sha
     (failure,) = result.report["failures"]
-    assert sorted(s["rank"] for s in failure["saves"]) == [0]
-    assert failure["resumed_from_minibatch"] == 10
+    ((saver, saved),) = [(s["rank"], s["minibatch"]) for s in failure["saves"]]
+    assert saver == 0 and saved in (9, 10) and failure["resumed_from_minibatch"] == saved, failure
     torn = list((tmp_path / "ckpt" / "step-00000010").glob(".rank-00001.partial-*"))
     assert torn, "the killed save should have left a hidden partial directory"
     assert not (tmp_path / "ckpt" / "step-00000010" / "rank-00001").exists()

@@ -8,8 +8,8 @@ rank's RNG, so each rank's copy lives outside its process: in a host
 shared-memory file (``/dev/shm``) that survives the rank's death and that a
 healthy rank on the same host copies into its JIT checkpoint.
 
-The stash (``jitckpt.worker.stash``) keeps two slots (by step parity), so
-both "start of minibatch i" and "start of minibatch i+1" are available.
+The stash (``jitckpt.worker.stash``) keeps three slots (by step modulo 3),
+so the starts of minibatches i-1, i and i+1 are available.
 
 The states are stored in a fixed binary format (below), not as pickles: a
 checkpoint directory is read back as untrusted input, and decoding it can only
@@ -213,7 +213,7 @@ def stash_path(shm_dir: str | os.PathLike, rank: int) -> Path:
 
 
 class RngStash(stash.StepStash):
-    """A rank's two-slot RNG stash in host shared memory (writer side; ``capture()`` payloads)."""
+    """A rank's RNG stash in host shared memory (writer side; ``capture()`` payloads)."""
 
     def __init__(self, shm_dir: str | os.PathLike, rank: int) -> None:
         super().__init__(shm_dir, stash.RNG, rank)

@@ -1,4 +1,4 @@
-"""Per-rank state in host shared memory that outlives the rank: the two-slot step stash.
+"""Per-rank state in host shared memory that outlives the rank: the three-slot step stash.
 
 A rank's own state for a minibatch (its RNG, its data loaders' positions and
 seeds, the batches it drew) is not its replicas' state, and a rank that dies cannot save it.  So
@@ -8,9 +8,14 @@ rank's entry for the saved minibatch into its JIT checkpoint
 (``jitckpt.worker.save``), and a restarted rank reads its own entry back
 (``jitckpt.worker.resume``).
 
-One file per (kind, rank), ``<kind>-rank-NNNNN.bin``, holds two slots chosen
-by step parity, so both "start of minibatch i" and "start of minibatch i+1"
-are there: healthy replicas may save either (paper §3.3).  Each slot is
+One file per (kind, rank), ``<kind>-rank-NNNNN.bin``, holds three slots
+chosen by step modulo 3, so "start of minibatch i-1", "of i" and "of i+1" are
+all there: healthy replicas may save i or i+1 (paper §3.3), and a survivor
+that has not yet seen its all-reduce of minibatch i-1 complete (a busy host)
+saves i-1 while a rank on its host has already stashed the start of i+1 (at
+its first gradient collective of minibatch i).  Ranks are never more than
+that apart: no rank completes the all-reduce of minibatch i before every rank
+has issued it.  Each slot is
 guarded by a sequence number (odd while writing) and a CRC, so a reader never
 takes a half-written entry.  The payloads are bytes in formats that decode to
 data only (``rng_state``'s binary format, ``jitckpt.store.safe_codec``).
@@ -26,6 +31,7 @@ from pathlib import Path
 
 from jitckpt.store.private import make_private_dir, open_private_file
 
+SLOTS = 3
 # seq (odd while writing), step, payload length, crc32 of payload
 _HEADER = struct.Struct("<QqII")
 
@@ -58,7 +64,7 @@ class StashFull(ValueError):
 
 
 class StepStash:
-    """A rank's two-slot stash of one kind (writer side)."""
+    """A rank's ``SLOTS``-slot stash of one kind (writer side)."""
 
     def __init__(self, shm_dir: str | os.PathLike, kind: str, rank: int) -> None:
         self.slot_size = KINDS[kind][0]
@@ -66,17 +72,17 @@ class StepStash:
         self.path = stash_path(shm_dir, kind, rank)
         fd = open_private_file(self.path, os.O_RDWR | os.O_CREAT)
         try:
-            os.ftruncate(fd, 2 * self.slot_size)
-            self._map = mmap.mmap(fd, 2 * self.slot_size)
+            os.ftruncate(fd, SLOTS * self.slot_size)
+            self._map = mmap.mmap(fd, SLOTS * self.slot_size)
         finally:
             os.close(fd)
-        self._seq = [0, 0]
+        self._seq = [0] * SLOTS
 
     def put(self, step: int, payload: bytes) -> None:
-        """Store the state minibatch ``step`` starts with (overwrites the entry of step-2)."""
+        """Store the state minibatch ``step`` starts with (overwrites the entry of step-SLOTS)."""
         if len(payload) > self.slot_size - _HEADER.size:
             raise StashFull(f"{len(payload)} bytes do not fit the {self.slot_size}-byte stash slot of {self.path.name}")
-        slot = step % 2
+        slot = step % SLOTS
         base = slot * self.slot_size
         seq = self._seq[slot] + 1  # odd: writing
         struct.pack_into("<Q", self._map, base, seq)
@@ -91,9 +97,9 @@ def read_stash(path: str | os.PathLike) -> dict[int, bytes]:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         return {}
-    slot_size = len(data) // 2
+    slot_size = len(data) // SLOTS
     found = {}
-    for slot in range(2):
+    for slot in range(SLOTS):
         base = slot * slot_size
         if slot_size < _HEADER.size:
             continue

@@ -18,6 +18,12 @@ How the gradients are reduced (``--grad-sync``):
   the last backward and divides by the world size;
 - ``p2p``: no DDP: the script sends every ``p.grad`` to every other rank
   (``batch_isend_irecv``), adds them in rank order and divides.
+
+With ``--lag RANK:STEP:SECONDS`` DDP reduces through a comm hook of the
+script's (divide, then all-reduce, as DDP's default does) whose callback, on
+that rank in that minibatch of the first attempt, sleeps after the
+all-reduce has completed: a busy host, whose rank still waits for a
+collective that its peers have already left behind.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -53,6 +60,26 @@ def exchange_gradients(model: nn.Module, rank: int, world: int) -> None:
         param.grad.copy_(total).div_(world)
 
 
+def lagging_hook(lag: tuple[int, int, float], progress: dict[str, int], attempt: int):  # noqa: ANN201
+    """DDP's all-reduce as a comm hook, whose completion on rank ``lag[0]`` at minibatch ``lag[1]`` is seen late."""
+    lag_rank, lag_step, seconds = lag
+
+    def hook(_state, bucket):  # type: ignore[no-untyped-def]  # (torch checks the annotations: none under __future__)
+        tensor = bucket.buffer().div_(dist.get_world_size())
+        step = progress["step"]
+
+        def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            if attempt == 0 and dist.get_rank() == lag_rank and step == lag_step:
+                print(f"rank {lag_rank}: the all-reduce of minibatch {step} has completed; seen {seconds}s late",
+                      flush=True)
+                time.sleep(seconds)
+            return fut.value()[0]
+
+        return dist.all_reduce(tensor, async_op=True).get_future().then(done)
+
+    return hook
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     add_job_args(p)
@@ -77,6 +104,9 @@ def main() -> None:
     p.add_argument("--loader-before-loop", action="store_true",
                    help="create a shuffled DataLoader iterator (it draws a seed from the global generator) "
                         "between jit_get_checkpoint_path() and the first minibatch, as most real scripts do")
+    p.add_argument("--lag", default="", help="RANK:STEP:SECONDS: DDP reduces through a comm hook of the script's, "
+                                              "which on that rank sees the all-reduce of that minibatch complete "
+                                              "SECONDS late (first attempt only)")
     args = p.parse_args()
     init_process_group(args)
     rank = dist.get_rank()
@@ -90,6 +120,9 @@ def main() -> None:
         next(iter(loader))  # the iterator draws its base seed, the sampler its permutation
     world = dist.get_world_size()
     ddp = model if args.grad_sync in ("manual", "p2p") else DDP(model)
+    if args.lag:
+        lag_rank, lag_step, seconds = args.lag.split(":")
+        ddp.register_comm_hook(None, lagging_hook((int(lag_rank), int(lag_step), float(seconds)), progress, attempt))
     loss_fn = nn.MSELoss()
     for step in range(start, args.steps):
         progress["step"] = step
