@@ -85,6 +85,40 @@ def test_a_save_before_an_epoch_ends_evaluation_that_earlier_epochs_ran_stops_th
         stopped.output[-4000:]
 
 
+@pytest.mark.parametrize("extra, exact", [([], True), (["--eval-draws"], False)], ids=["no-evaluation", "evaluation"])
+def test_a_save_before_the_first_epochs_end_is_exact_or_found_out_at_the_next_epochs_end(tmp_path, extra, exact):
+    """Rank 1 dies before its optimizer step of minibatch 3, the last of epoch 0; the others step and save
+    minibatch 4 in the logging all-reduce, before the epoch's end.  No rank saw that gap, and no epoch has ended
+    before it to tell whether it draws.  Without an evaluation there the job ends bit-exact.  With one that
+    draws, the resumed run (which does not evaluate again) has diverged: before, it ended ``completed`` with
+    other parameters; now the next epoch's end, which draws, shows it, and the job stops with the reason."""
+    args = [*extra, "--log-allreduce"]
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*args, "--die", "1:3:kill-step"])
+    if exact:
+        assert result.returncode == 0, result.output[-4000:]
+        assert result.report["failures"][0]["resumed_from_minibatch"] == 4, result.report
+        assert result.sha == _reference(args), result.output[-4000:]
+    else:
+        assert result.returncode == 77, (result.returncode, result.output[-4000:])
+        assert result.report["outcome"] == "stopped", result.report
+        assert "but the same gap before minibatch 8 drew" in result.output, result.output[-4000:]
+        assert "final parameters sha256" not in result.output
+
+
+def test_a_script_one_step_behind_with_augmented_samples_is_stopped_by_the_sample_indices(tmp_path):
+    """The script advances the step counter that save() stores only after its logging all-reduce: a save made
+    there (rank 1 died before its step of minibatch 5) resumes one minibatch behind, and would apply minibatch 5
+    twice.  Its samples are augmented with the redone run's random numbers, so the batch differs from the
+    failed run's minibatch 5 by what it holds; before, the job ended ``completed`` with other parameters.  The
+    sample indices of the batch are those of minibatch 5: the job stops with the advice."""
+    args = ["--log-allreduce", "--count-after-logging", "--die", "1:5:kill-step"]
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=args)
+    assert result.returncode == 77, (result.returncode, result.output[-4000:])
+    assert "the sample indices of its data loader's batch were those of minibatch 5" in result.output, \
+        result.output[-4000:]
+    assert "jitckpt.current_step()" in result.output
+
+
 def test_a_rank_that_freezes_in_its_own_save_does_not_hold_the_teardown(tmp_path):
     """Rank 1 is killed at minibatch 5; rank 2 freezes a second into its JIT save, after torchrun's teardown
     began.  Before, the teardown waited the whole --save-grace for it (30 s here) and then torchrun killed
@@ -125,7 +159,8 @@ def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
     for record in (GapRecord(), GapRecord(7, state, refined=True), GapRecord(None, None, draws=True, evaluated=True),
                    GapRecord(3, None, ran_out=b"", own_moved=True, likely_draws=True),
                    GapRecord(3, state, ran_out=b"\0\0"),
-                   GapRecord(3, None, before_evaluation=state, drew_before_evaluation=True, saved=True)):
+                   GapRecord(3, None, before_evaluation=state, drew_before_evaluation=True, saved=True),
+                   GapRecord(None, None, epoch_ends_drew=False), GapRecord(3, state, epoch_ends_drew=True)):
         assert GapRecord.decode(record.encode()) == record
     payload = GapRecord(7, state, evaluated=True).encode()
     flags = len(MAGIC) + 4
@@ -133,6 +168,7 @@ def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
                 payload[:flags] + bytes([payload[flags] & ~8]) + payload[flags + 1:],   # a state, not announced
                 payload[:-3],                                                           # a short one
                 GapRecord(3, None, ran_out=b"\1\0").encode(),                          # a damaged own state
-                GapRecord(3, None, before_evaluation=state[:-5]).encode()):              # a damaged capture
+                GapRecord(3, None, before_evaluation=state[:-5]).encode(),             # a damaged capture
+                payload[:flags] + bytes([payload[flags], payload[flags + 1] | 0x10]) + payload[flags + 2:]):  # drew, not seen
         with pytest.raises(GapRecordError):
             GapRecord.decode(bad)

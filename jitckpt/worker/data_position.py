@@ -16,7 +16,10 @@ know the script's position, but it can see which batches it takes:
   noted under its loader's key (the dataset's class and length: a loader
   made anew, per epoch or to skip batches, keeps it) for the minibatch in
   progress, until the minibatch's first collective after a batch (or its
-  optimizer step).  The notes go into this rank's host stash
+  optimizer step).  The sample indices its sampler gave for the batch are
+  noted too, under a key of their own (``index_key``): they tell a position
+  in the data apart even where the samples are augmented with the redone
+  run's random numbers.  The notes go into this rank's host stash
   (``stash.FETCH``), and a JIT save copies them into the checkpoint like the
   RNG state;
 - on resume, this rank's own notes for the redone minibatch are read back
@@ -45,10 +48,13 @@ know the script's position, but it can see which batches it takes:
   the start of minibatch i+1, for which the failed run noted nothing: the
   redone minibatch must then not start from what minibatch i took (its first
   training forward's inputs, or its loader's last batch before the first
-  forward).  A script that resumed from its own step counter, one behind the
+  forward, or the sample indices of that batch: its augmentation is drawn
+  anew).  A script that resumed from its own step counter, one behind the
   checkpoint, would apply minibatch i twice; it is stopped with the advice to
   save ``jitckpt.current_step()``.  Checked only where minibatch i's data
   differs from i-1's (a loop over one fixed batch cannot be told apart).
+  The indices serve this check only: the redone minibatch's batches are
+  compared with its own notes by what they hold.
 
 Not checked: a minibatch that took no batch, notes lost with the rank's host,
 iterators that are not torch's.  A batch that cannot be read (a nested
@@ -97,6 +103,11 @@ def loader_key(loader: Any) -> int:
         length = -1
     kind = type(dataset)
     return xxhash.xxh32(f"{kind.__module__}.{kind.__qualname__}:{length}".encode()).intdigest() % NO_KEY
+
+
+def index_key(key: int) -> int:
+    """The key the sample indices of loader ``key``'s batches are noted under (no loader's or module's key)."""
+    return xxhash.xxh32(f"indices:{key}".encode()).intdigest() % NO_KEY
 
 
 def key_of(iterator: Any) -> int:
@@ -277,6 +288,7 @@ class TakenBatches:
         self._last_batch: dict[int, bytes] = {}
         self._repeated: set[int] = set()
         self._names: dict[int, str] = {}
+        self._index_keys: set[int] = set()  # the keys in _suspect that are sample indices' (index_key)
         self._forward_seen = False
         self._refuse: Callable[[str], None] = lambda reason: None
 
@@ -342,8 +354,9 @@ class TakenBatches:
             payload = encode(self._entries, self._previous)
         self.rt.stash_rank_state(stash.FETCH, step, payload)
 
-    def yielded(self, iterator: Any, batch: Any) -> None:
-        """A DataLoader iterator yielded ``batch``."""
+    def yielded(self, iterator: Any, batch: Any, index: Any = None) -> None:
+        """A DataLoader iterator yielded ``batch``, made of the samples its sampler gave as ``index`` (None: not
+        known)."""
         step = self.rt.step
         if self._closed_for == step:
             return
@@ -359,8 +372,12 @@ class TakenBatches:
                         self._again.add(key)
                     if key in self._suspect and not self._forward_seen:
                         self._last_batch[key] = d
+                if index is not None and index_key(key) in self._suspect and not self._forward_seen:
+                    self._last_batch[index_key(key)] = digest(index)
             return
         self._note(step, key, digest(batch))
+        if index is not None:
+            self._note(step, index_key(key), digest(index))
 
     # ----- after a resume ----------------------------------------------------------------
 
@@ -371,11 +388,14 @@ class TakenBatches:
         ``suspect``: per key, what the minibatch before the redone one took; the redone one must not start from
         it (its first training forward's inputs, its loader's last batch before its first forward).
         """
+        indices = {index_key(key) for key, _ in entries}
         expected: dict[int, set[bytes]] = {}
         for key, d in entries:
-            expected.setdefault(key, set()).add(d)
+            if key not in indices:  # (the batches are compared by what they hold)
+                expected.setdefault(key, set()).add(d)
         with self._lock:
             self.expected, self._refuse, self._suspect = expected, refuse, dict(suspect or {})
+            self._index_keys = {index_key(key) for key in self._suspect}
             self._yielded, self._again, self._closed_for, self._forward_seen = set(), set(), None, False
             self._last_batch, self._repeated = {}, set()
         self._want_hook()
@@ -418,6 +438,7 @@ class TakenBatches:
                 f"(docs/user-guide.md, \"Data loading\"); or use torchdata's StatefulDataLoader")
         elif repeated:
             what = (f"the inputs of {self._names[repeated[0]]}'s forward" if repeated[0] in self._names
+                    else "the sample indices of its data loader's batch" if repeated[0] in self._index_keys
                     else "its data loader's batch")
             resumed = self.rt.resumed_from
             self._refuse(

@@ -36,6 +36,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import os
@@ -821,9 +822,10 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
     torchdata's subclasses) takes the next batch's indices from its sampler,
     right before it fetches the batch (or hands the indices to a worker):
     where a redone minibatch's RNG goes back.  ``__next__`` yields the batch:
-    the batches each minibatch took are noted there
-    (``jitckpt.worker.data_position``; each iterator carries its loader's
-    key, set when it is made).
+    the batches each minibatch took are noted there, with the sampler's
+    indices for it (``jitckpt.worker.data_position``; each iterator carries
+    its loader's key, set when it is made, and the indices it handed out and
+    has not yielded yet: workers are given indices ahead, and yield in order).
     """
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -842,6 +844,8 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
     @functools.wraps(original)
     def _next_index(self: Any) -> Any:
         index = original(self)
+        if getattr(self, "_in_order", True):  # (workers yield out of order with in_order=False: no indices noted)
+            self.__dict__.setdefault("_jitckpt_indices", collections.deque()).append(index)
         if runtime.pending_rng is not None:
             runtime.batch_fetch_starts()
         runtime.note_own_generators_at_start()  # (once per minibatch; nothing without generators of the script's own)
@@ -858,14 +862,23 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
         except StopIteration:
             runtime.gap.iterator_ran_out(self)  # (its sampler may have drawn a last time)
             raise
-        runtime.taken_batches.yielded(self, batch)
+        pending = self.__dict__.get("_jitckpt_indices")
+        runtime.taken_batches.yielded(self, batch, pending.popleft() if pending else None)
         runtime.gap.batch_yielded(self)
         return batch
+
+    reset = _BaseDataLoaderIter._reset
+
+    @functools.wraps(reset)
+    def _reset(self: Any, *args: Any, **kwargs: Any) -> None:
+        self.__dict__.pop("_jitckpt_indices", None)  # (a persistent workers' iterator's new epoch)
+        reset(self, *args, **kwargs)
 
     _next_index._jitckpt_wrapped = True  # type: ignore[attr-defined]
     _BaseDataLoaderIter.__init__ = iter_init_keyed
     _BaseDataLoaderIter._next_index = _next_index
     _BaseDataLoaderIter.__next__ = __next__
+    _BaseDataLoaderIter._reset = _reset
 
 
 def _install_excepthook(runtime: JitRuntime) -> None:

@@ -67,8 +67,8 @@ MAGIC = b"JITGAP2\0"
 # RNG state when a framework's evaluation began (a capture)
 _HEAD = struct.Struct("<IHIII")
 (_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED, _LIKELY, _BEFORE_EVAL, _DREW_BEFORE_EVAL,
- _SAVED) = (1 << n for n in range(11))
-_FLAGS = (1 << 11) - 1
+ _SAVED, _ENDS_SEEN, _ENDS_DREW) = (1 << n for n in range(13))
+_FLAGS = (1 << 13) - 1
 
 
 class GapRecordError(ValueError):
@@ -95,6 +95,9 @@ class GapRecord:
     before_evaluation: bytes | None = None  # the RNG state when a framework's evaluation in the gap began
     drew_before_evaluation: bool = False    # ... which differed from the state at the step (a callback drew)
     saved: bool = False                  # the framework's own checkpoint save in the gap returned
+    # Whether an epoch's end drew before the next epoch's iterator so far in this job, as the rank knew when it
+    # wrote the record (None: no epoch end seen yet); a resumed rank goes on knowing it
+    epoch_ends_drew: bool | None = None
 
     def encode(self) -> bytes:
         flags = 0
@@ -102,7 +105,8 @@ class GapRecord:
                          (_BEFORE, self.before_iterator is not None), (_EVALUATED, self.evaluated),
                          (_RAN_OUT, self.ran_out is not None), (_OWN_MOVED, self.own_moved),
                          (_LIKELY, self.likely_draws), (_BEFORE_EVAL, self.before_evaluation is not None),
-                         (_DREW_BEFORE_EVAL, self.drew_before_evaluation), (_SAVED, self.saved)):
+                         (_DREW_BEFORE_EVAL, self.drew_before_evaluation), (_SAVED, self.saved),
+                         (_ENDS_SEEN, self.epoch_ends_drew is not None), (_ENDS_DREW, bool(self.epoch_ends_drew))):
             flags |= flag if on else 0
         key = NO_KEY if self.epoch_key is None else self.epoch_key
         blobs = (self.before_iterator or b"", self.ran_out or b"", self.before_evaluation or b"")
@@ -122,7 +126,8 @@ class GapRecord:
             start += size
         state, ran_out, before_evaluation = blobs
         if (flags & ~_FLAGS or bool(state) != bool(flags & _BEFORE) or (ran_out and not flags & _RAN_OUT)
-                or bool(before_evaluation) != bool(flags & _BEFORE_EVAL)):
+                or bool(before_evaluation) != bool(flags & _BEFORE_EVAL)
+                or (flags & _ENDS_DREW and not flags & _ENDS_SEEN)):
             raise GapRecordError("not jitckpt's record of a minibatch's start (unknown flags)")
         try:
             for capture in (state, before_evaluation):
@@ -135,7 +140,7 @@ class GapRecord:
         return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS),
                    bool(flags & _EVALUATED), ran_out if flags & _RAN_OUT else None, bool(flags & _OWN_MOVED),
                    bool(flags & _LIKELY), before_evaluation or None, bool(flags & _DREW_BEFORE_EVAL),
-                   bool(flags & _SAVED))
+                   bool(flags & _SAVED), bool(flags & _ENDS_DREW) if flags & _ENDS_SEEN else None)
 
 
 @dataclass
@@ -181,15 +186,22 @@ class MinibatchGap:
         # After a resume that a framework adapter may settle by running the gap's work again (settle_rerun)
         self._rerun_offer: _RerunOffer | None = None
         self._savers_saved = False
-        # Whether an epoch's end already drew before the next epoch's iterator in this process (None: none seen)
+        # Whether an epoch's end already drew before the next epoch's iterator in this job (None: none seen; a
+        # resumed rank takes it from the resumed minibatch's records)
         self._epoch_ends_drew: bool | None = None
+        # After a resume whose redone minibatch's gap no rank watched to its end (the ranks that saved stopped in
+        # a collective after the step before): (that minibatch, whether it starts an epoch).  The resume took
+        # it that nothing drew there; a later gap of the same kind that draws shows otherwise (_check_assumption).
+        self._unwatched: tuple[int, bool] | None = None
         # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
         self._disabled = False
 
     # ----- the failed run's side ---------------------------------------------------------
 
     def _write(self, step: int) -> None:
-        self.rt.stash_rank_state(stash.GAP, step, self._records[step].encode())
+        record = self._records[step]
+        record.epoch_ends_drew = self._epoch_ends_drew
+        self.rt.stash_rank_state(stash.GAP, step, record.encode())
 
     def minibatch_started(self) -> None:
         """Minibatch ``rt.step`` begins (the one before has stepped): its gap opens."""
@@ -257,8 +269,9 @@ class MinibatchGap:
             return
         record.before_iterator = rng_state.capture()
         record.draws = record.draws or self._moved(step, record.before_iterator)
-        self._write(step)
         self._epoch_ends_drew = bool(self._epoch_ends_drew) or record.draws or record.evaluated
+        self._write(step)
+        self._check_assumption(step, True, record.draws or record.evaluated)
 
     def data_reached(self, key: int | None = None) -> None:
         """Minibatch ``rt.step`` takes its data: a fetch (of ``key``) or its first training forward (None)."""
@@ -286,6 +299,8 @@ class MinibatchGap:
                     self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
                 record.refined = True
         self._write(step)
+        if record.epoch_key is None:
+            self._check_assumption(step, False, record.draws)
 
     def framework_start(self, now: bytes) -> None:
         """A framework adapter is about to stash ``now`` at its own start of minibatch ``rt.step`` (where its resume
@@ -363,6 +378,27 @@ class MinibatchGap:
         stashed = self.rt.rng_stashed_for(step)
         return stashed is not None and _global(now) != _global(stashed)
 
+    def _check_assumption(self, step: int, epoch_start: bool, drew: bool) -> None:
+        """This rank watched minibatch ``step``'s gap to its end (an epoch's start or not; ``drew``: random numbers
+        were drawn in it).  If the resume took it that nothing drew in the same kind of gap before the redone
+        minibatch, which no rank saw, the first such gap after it decides: one that draws says that was most
+        likely wrong (an evaluation at every epoch's end, the script's own draws after every step), and the job
+        stops with the reason; one that does not confirms it.  (A script that draws in some gaps only, an
+        evaluation every N minibatches, is not told apart.)"""
+        if self._unwatched is None or step <= self._unwatched[0] or epoch_start != self._unwatched[1]:
+            return
+        resumed, _ = self._unwatched
+        self._unwatched = None
+        if not drew:
+            return
+        where = "the next epoch's first DataLoader iterator" if epoch_start else f"minibatch {resumed}'s data"
+        self._refuse(f"rank {self.rt.rank}'s resume at minibatch {resumed} took it that nothing drew random numbers "
+                     f"between minibatch {resumed - 1}'s optimizer step and {where}, which no rank saw in the run "
+                     f"that failed (the ranks that saved stopped in a collective after that step); but the same "
+                     f"gap before minibatch {step} drew (an evaluation? the script's own draws?), so that one "
+                     f"most likely did too, and the resumed run did not repeat those draws: it has not repeated "
+                     f"the fault-free run since minibatch {resumed}")
+
     def before_save(self) -> None:
         """A JIT save of minibatch ``rt.step`` begins: if this rank is still in its gap, record the draws so far."""
         step = self.rt.step
@@ -371,10 +407,9 @@ class MinibatchGap:
             return
         if self._moved(step, rng_state.capture()):
             record.draws = True
-            self._write(step)
         elif record.epoch_key is not None and self._epoch_ends_drew and not record.evaluated:
             record.likely_draws = True  # (an evaluation at every epoch's end, not reached yet?)
-            self._write(step)
+        self._write(step)  # (with what this rank knows of the epoch ends so far)
 
     # ----- after a resume ----------------------------------------------------------------
 
@@ -391,6 +426,10 @@ class MinibatchGap:
         (``rt.framework_last_minibatch``), which need not end an epoch.
         """
         self._refuse = refuse
+        known = [r.epoch_ends_drew for r in [*([own] if own else []), *others, *(savers or [])]
+                 if r.epoch_ends_drew is not None]
+        if known:
+            self._epoch_ends_drew = any(known)
         why = self._arm(own, others, own_state)
         last = self.rt.framework_last_minibatch
         ends = self._epoch_key(own, others) is not None or (last is not None and self.rt.resumed_from >= last)
@@ -448,6 +487,9 @@ class MinibatchGap:
         draws = any(r.draws for r in [*([own] if own else []), *others])
         step = self.rt.resumed_from
         framework = self.rt.framework
+        watched = any(r.refined or r.evaluated or r.before_iterator is not None for r in [*([own] if own else []), *others])
+        if framework is None and not draws and not watched:
+            self._unwatched = (step, epoch_key is not None)
         evaluated = any(r.evaluated for r in [*([own] if own else []), *others])
         if framework is not None and not (own is not None and own.refined) and (
                 draws or (evaluated and not (own is not None and own.evaluated))):

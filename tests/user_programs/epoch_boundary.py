@@ -15,7 +15,10 @@ per rank: its ``RandomSampler`` draws the permutation and the iterator its
 base seed from it, and one more permutation when an epoch's iterator runs out.
 
 ``--log-allreduce``: an all-reduce of the loss after every optimizer step
-(logging), where the ranks meet between two minibatches.
+(logging), where the ranks meet between two minibatches.  The step counter
+that ``save()`` stores is advanced before it (a save there resumes at the
+next minibatch), or with ``--count-after-logging`` after it: one behind a
+save made in that all-reduce (a script's defect that jitckpt must refuse).
 
 ``--eval-draws``: after every epoch, an evaluation whose input noise comes
 from the global generator, and an all-reduce of its metric (the ranks meet
@@ -66,6 +69,7 @@ def main() -> None:
     p.add_argument("--eval-draws", action="store_true")
     p.add_argument("--loader-generator", action="store_true")
     p.add_argument("--log-allreduce", action="store_true")
+    p.add_argument("--count-after-logging", action="store_true")
     p.add_argument("--freeze-in-save", type=int, default=-1)
     args = p.parse_args()
     dist.init_process_group("gloo")
@@ -111,10 +115,12 @@ def main() -> None:
             loss.backward()
             maybe_die(step, "step")
             optimizer.step()
+            step += 1
+            if not args.count_after_logging:
+                progress["step"] = step  # (what a checkpoint taken before the next minibatch resumes at)
             if args.log_allreduce:
                 dist.all_reduce(loss.detach().clone())
-            step += 1
-            progress["step"] = step  # (what a checkpoint taken before the next minibatch resumes at)
+            progress["step"] = step
         maybe_die(step - 1, "epoch-end")
         if args.eval_draws:
             model.eval()
