@@ -200,6 +200,10 @@ def _probe_job(tmp_path: Path, name: str, warm: str, module: bool, mode: str = "
     # per-rank variables the launching environment already has (a Kubernetes PyTorchJob pod exports them): torchrun
     # gives each worker its own, and a template that merely copied the environment must not count them as read
     stale = {"RANK": "7", "LOCAL_RANK": "5", "WORLD_SIZE": "9", "MASTER_PORT": "1"}
+    if module:  # started as under `nohup` (SIGHUP ignored): a spawned worker gets SIGHUP's default back (torchrun
+        # catches it, exec resets it), so must a warm one, whose template was forked before torchrun's handlers
+        cmd = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+               "os.execv(sys.argv[1], sys.argv[1:])", *cmd]
     with open(out_dir / "output.log", "w") as log:
         return subprocess.Popen(cmd, env={**job_env(), **stale}, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
 

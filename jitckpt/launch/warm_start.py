@@ -121,6 +121,21 @@ def _environ_snapshot() -> dict[str, str]:
             continue
 
 
+def spawn_signals() -> dict[str, list[int]]:
+    """What a worker that torchrun spawns from this process inherits across ``exec``: the signals ignored here
+    (caught ones are reset to their default by ``exec``) and the signals blocked in this thread.  A warm worker
+    takes them (``standby.become_worker``): its template was forked before torchrun set its handlers, and under
+    ``nohup`` it would otherwise ignore SIGHUP where a spawned worker does not."""
+    ignored = []
+    for sig in signal.valid_signals():
+        try:
+            if signal.getsignal(sig) is signal.SIG_IGN:
+                ignored.append(int(sig))
+        except (ValueError, OSError):
+            continue
+    return {"ignored": ignored, "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))}
+
+
 def _is_signal(exc: BaseException) -> bool:
     """True for torchrun's ``SignalException`` (its SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers raise it)."""
     return any(cls.__name__ == "SignalException" for cls in type(exc).__mro__)
@@ -283,7 +298,8 @@ class WarmStart:
             self.disable(command)
             return None, command
         target, is_module, argv = command
-        job = {"argv": argv, "orig_argv": list(args), "env": env, "cwd": os.getcwd(), "module": is_module, "target": target}
+        job = {"argv": argv, "orig_argv": list(args), "env": env, "cwd": os.getcwd(), "module": is_module, "target": target,
+               "signals": spawn_signals()}
         fds = [stdout.fileno() if stdout else 1, stderr.fileno() if stderr else 2]
         for _ in range(2):  # (a template that died since the last group: one more try, with a new one)
             template, why = self._ready_template(env)

@@ -331,6 +331,7 @@ def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle
             os.close(fd)
     os.chdir(job["cwd"])
     _apply_environment(job["env"])
+    _take_signals(job.get("signals"))
     for key, value in _SET_BY_PRELOAD.items():  # (as the same imports do in a fresh worker)
         os.environ.setdefault(key, value)
     sys.argv = list(job["argv"])
@@ -355,6 +356,30 @@ def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle
         _run_module(job["target"])
     else:
         _run_script(job["target"], main)
+
+
+# What a fresh interpreter sets at its start (Python's own start-up: SIGINT only where it is not ignored)
+_SET_BY_PYTHON = {signal.SIGPIPE: signal.SIG_IGN, signal.SIGXFSZ: signal.SIG_IGN}
+
+
+def _take_signals(spawn: dict[str, list[int]] | None) -> None:
+    """Give this worker the signal dispositions and mask that a worker torchrun spawned would start with
+    (``warm_start.spawn_signals``: what the spawning process ignores and blocks), then what Python's start sets."""
+    if spawn is None:
+        return
+    ignored = set(spawn.get("ignored", ()))
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if int(sig) in ignored and sig not in _SET_BY_PYTHON:
+                signal.signal(sig, signal.SIG_IGN)
+            else:
+                signal.signal(sig, _SET_BY_PYTHON.get(sig, signal.default_int_handler if sig == signal.SIGINT
+                                                      else signal.SIG_DFL))
+        except (OSError, ValueError):  # (signals the C library keeps for itself)
+            continue
+    signal.pthread_sigmask(signal.SIG_SETMASK, [s for s in spawn.get("blocked", ()) if 0 < s < signal.NSIG])
 
 
 def cuda_touched() -> str | None:
