@@ -29,7 +29,8 @@ rendezvous, restarts and teardown all run as before.  Only the place where its
   reaped at each restart (:func:`reap_orphans`);
 - the forked worker starts its own session, reseeds torch's and NumPy's
   generators from the OS as a fresh interpreter does, receives the worker's
-  command line, environment, working directory and stdout/stderr descriptors,
+  command line, environment, working directory, stdout/stderr descriptors
+  and the signals a spawned worker would inherit ignored or blocked,
   and becomes the worker (arming jitckpt, then running the script as
   ``__main__``);
 - if that cannot be done, torchrun spawns the worker itself, and the agent
