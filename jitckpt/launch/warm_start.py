@@ -123,18 +123,10 @@ def _environ_snapshot() -> dict[str, str]:
 
 
 def spawn_signals() -> dict[str, list[int]]:
-    """What a worker that torchrun spawns from this process inherits across ``exec``: the signals ignored here
-    (caught ones are reset to their default by ``exec``) and the signals blocked in this thread.  A warm worker
+    """What a worker that torchrun spawns from this thread inherits: ignored and blocked signals.  A warm worker
     takes them (``standby.become_worker``): its template was forked before torchrun set its handlers, and under
     ``nohup`` it would otherwise ignore SIGHUP where a spawned worker does not."""
-    ignored = []
-    for sig in signal.valid_signals():
-        try:
-            if signal.getsignal(sig) is signal.SIG_IGN:
-                ignored.append(int(sig))
-        except (ValueError, OSError):
-            continue
-    return {"ignored": ignored, "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))}
+    return wire.signal_sets()
 
 
 def _is_signal(exc: BaseException) -> bool:

@@ -358,25 +358,45 @@ def become_worker(sock: socket.socket, job: dict[str, Any], fds: list[int], idle
         _run_script(job["target"], main)
 
 
-# What a fresh interpreter sets at its start (Python's own start-up: SIGINT only where it is not ignored)
-_SET_BY_PYTHON = {signal.SIGPIPE: signal.SIG_IGN, signal.SIGXFSZ: signal.SIG_IGN}
+def signal_sets(status: str = "/proc/thread-self/status") -> dict[str, list[int]]:
+    """The signals ignored by this process and blocked in this thread, as the kernel has them (``SigIgn``,
+    ``SigBlk``): what a child inherits across ``exec`` (caught signals are reset to their default there)."""
+    sets: dict[str, list[int]] = {"ignored": [], "blocked": []}
+    try:
+        with open(status) as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                field = {"SigIgn": "ignored", "SigBlk": "blocked"}.get(name)
+                if field:
+                    mask = int(value.strip(), 16)
+                    sets[field] = [n for n in range(1, 65) if mask >> (n - 1) & 1]
+    except (OSError, ValueError):
+        pass
+    return sets
 
 
 def _take_signals(spawn: dict[str, list[int]] | None) -> None:
-    """Give this worker the signal dispositions and mask that a worker torchrun spawned would start with
-    (``warm_start.spawn_signals``: what the spawning process ignores and blocks), then what Python's start sets."""
+    """Give this worker what a worker torchrun spawned would inherit (``warm_start.spawn_signals``): a signal the
+    spawning thread's process ignores is ignored, one this template ignores and it does not gets its default
+    back (SIGINT: Python's ``default_int_handler``, as a fresh interpreter installs it), and the blocked set is
+    the spawning thread's.  Every other handler stays: the template made the imports a fresh worker makes, and
+    their handlers (faulthandler's) are the ones a fresh worker would have.  SIGPIPE and SIGXFSZ are ignored by
+    every Python interpreter's start."""
     if spawn is None:
         return
-    ignored = set(spawn.get("ignored", ()))
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
+    wanted, here = set(spawn.get("ignored", ())), set(signal_sets("/proc/self/status")["ignored"])
+    for number in wanted ^ here:
+        try:
+            sig = signal.Signals(number)
+        except ValueError:
+            continue
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, signal.SIGXFSZ):
             continue
         try:
-            if int(sig) in ignored and sig not in _SET_BY_PYTHON:
+            if number in wanted:
                 signal.signal(sig, signal.SIG_IGN)
             else:
-                signal.signal(sig, _SET_BY_PYTHON.get(sig, signal.default_int_handler if sig == signal.SIGINT
-                                                      else signal.SIG_DFL))
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         except (OSError, ValueError):  # (signals the C library keeps for itself)
             continue
     signal.pthread_sigmask(signal.SIG_SETMASK, [s for s in spawn.get("blocked", ()) if 0 < s < signal.NSIG])
