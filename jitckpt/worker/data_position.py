@@ -67,6 +67,7 @@ more for batches with many Python items.
 
 from __future__ import annotations
 
+import array
 import struct
 import threading
 import sys
@@ -108,6 +109,21 @@ def loader_key(loader: Any) -> int:
 def index_key(key: int) -> int:
     """The key the sample indices of loader ``key``'s batches are noted under (no loader's or module's key)."""
     return xxhash.xxh32(f"indices:{key}".encode()).intdigest() % NO_KEY
+
+
+def index_digest(index: Any) -> bytes | None:
+    """The digest of the sample indices a sampler gave for one batch (None: none, an iterable dataset's).
+
+    Taken when the iterator draws them (a batch sampler may refill its list in place for the next batch); a
+    list of ints, the common case, is hashed as packed 64-bit numbers in one go."""
+    if index is None or (type(index) is list and index and index[0] is None):
+        return None
+    if type(index) is list:
+        try:
+            return xxhash.xxh3_64(array.array("q", index[:_MAX_ITEMS]).tobytes() + len(index).to_bytes(8, "little")).digest()
+        except (TypeError, OverflowError):
+            pass
+    return digest(index)
 
 
 def key_of(iterator: Any) -> int:
@@ -339,24 +355,24 @@ class TakenBatches:
         step = self.rt.step
         if self._closed_for != step and self._forward_noted_for != step:
             self._forward_noted_for = step
-            self._note(step, forward_key(module), digest(args))
+            self._note(step, (forward_key(module), digest(args)))
 
     # ----- the failed run's side ---------------------------------------------------------
 
-    def _note(self, step: int, key: int, d: bytes) -> None:
+    def _note(self, step: int, *entries: tuple[int, bytes]) -> None:
         with self._lock:
             if self._step != step:
                 self._previous = self._entries if self._step == step - 1 else []
                 self._step, self._entries = step, []
-            if len(self._entries) >= MAX_ENTRIES:
+            if len(self._entries) + len(entries) > MAX_ENTRIES:
                 return
-            self._entries.append((key, d))
+            self._entries.extend(entries)
             payload = encode(self._entries, self._previous)
         self.rt.stash_rank_state(stash.FETCH, step, payload)
 
-    def yielded(self, iterator: Any, batch: Any, index: Any = None) -> None:
-        """A DataLoader iterator yielded ``batch``, made of the samples its sampler gave as ``index`` (None: not
-        known)."""
+    def yielded(self, iterator: Any, batch: Any, index: bytes | None = None) -> None:
+        """A DataLoader iterator yielded ``batch``, made of the samples whose indices' ``index_digest`` is
+        ``index`` (None: not known)."""
         step = self.rt.step
         if self._closed_for == step:
             return
@@ -373,11 +389,9 @@ class TakenBatches:
                     if key in self._suspect and not self._forward_seen:
                         self._last_batch[key] = d
                 if index is not None and index_key(key) in self._suspect and not self._forward_seen:
-                    self._last_batch[index_key(key)] = digest(index)
+                    self._last_batch[index_key(key)] = index
             return
-        self._note(step, key, digest(batch))
-        if index is not None:
-            self._note(step, index_key(key), digest(index))
+        self._note(step, (key, digest(batch)), *([(index_key(key), index)] if index is not None else []))
 
     # ----- after a resume ----------------------------------------------------------------
 

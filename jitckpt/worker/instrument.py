@@ -845,7 +845,7 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
     def _next_index(self: Any) -> Any:
         index = original(self)
         if getattr(self, "_in_order", True):  # (workers yield out of order with in_order=False: no indices noted)
-            self.__dict__.setdefault("_jitckpt_indices", collections.deque()).append(index)
+            self.__dict__.setdefault("_jitckpt_indices", collections.deque()).append(data_position.index_digest(index))
         if runtime.pending_rng is not None:
             runtime.batch_fetch_starts()
         runtime.note_own_generators_at_start()  # (once per minibatch; nothing without generators of the script's own)
@@ -861,6 +861,11 @@ def _watch_batch_fetches(runtime: JitRuntime) -> None:
             batch = next_batch(self)
         except StopIteration:
             runtime.gap.iterator_ran_out(self)  # (its sampler may have drawn a last time)
+            raise
+        except BaseException:
+            pending = self.__dict__.get("_jitckpt_indices")
+            if pending:
+                pending.popleft()  # (the batch that failed: a worker's error, re-raised; the script may go on)
             raise
         pending = self.__dict__.get("_jitckpt_indices")
         runtime.taken_batches.yielded(self, batch, pending.popleft() if pending else None)
