@@ -101,8 +101,32 @@ def test_a_save_before_the_first_epochs_end_is_exact_or_found_out_at_the_next_ep
     else:
         assert result.returncode == 77, (result.returncode, result.output[-4000:])
         assert result.report["outcome"] == "stopped", result.report
-        assert "but the same gap before minibatch 8 drew" in result.output, result.output[-4000:]
+        assert "but the same kind of gap before minibatch 8 drew" in result.output, result.output[-4000:]
         assert "final parameters sha256" not in result.output
+
+
+def test_a_save_before_an_epochs_end_that_draws_only_every_other_epoch_stops_the_job(tmp_path):
+    """An evaluation after every other epoch (0, 2): rank 1 dies before its last step of epoch 1, the others save
+    minibatch 8 in the logging all-reduce.  Epoch 0's end drew, none other was seen: whether this one draws cannot
+    be told, and the job stops with the reason rather than guess."""
+    args = ["--eval-draws", "--eval-every", "2", "--log-allreduce", "--die", "1:7:kill-step"]
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=args)
+    assert result.returncode == 77, (result.returncode, result.output[-4000:])
+    assert "where every earlier epoch's end drew random numbers" in result.output, result.output[-4000:]
+
+
+def test_an_assumption_about_an_unseen_gap_survives_a_second_failure(tmp_path):
+    """As in the first-epoch case with an evaluation: minibatch 4 is resumed on the assumption that epoch 0's end
+    drew nothing.  Before epoch 1 ends, rank 0 is killed in the forward of minibatch 5 (second attempt), and the
+    job resumes from 5.  The assumption is carried in the records of minibatch 5 and still decided at epoch 1's
+    end, which draws: the job stops (before this was carried, it ended ``completed`` with other parameters)."""
+    args = ["--eval-draws", "--log-allreduce", "--die", "1:3:kill-step"]
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=args, max_restarts=3,
+                     fault="rank=0,step=5,phase=forward,kind=kill,attempt=1")
+    assert result.returncode == 77, (result.returncode, result.output[-4000:])
+    assert [f["resumed_from_minibatch"] for f in result.report["failures"][:2]] == [4, 5], result.report
+    assert "an earlier resume (before the one at minibatch 5) took it that nothing drew" in result.output, \
+        result.output[-4000:]
 
 
 def test_a_script_one_step_behind_with_augmented_samples_is_stopped_by_the_sample_indices(tmp_path):
@@ -160,15 +184,19 @@ def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
                    GapRecord(3, None, ran_out=b"", own_moved=True, likely_draws=True),
                    GapRecord(3, state, ran_out=b"\0\0"),
                    GapRecord(3, None, before_evaluation=state, drew_before_evaluation=True, saved=True),
-                   GapRecord(None, None, epoch_ends_drew=False), GapRecord(3, state, epoch_ends_drew=True)):
+                   GapRecord(None, None, history=1 << 12), GapRecord(3, state, history=(1 << 11) | (1 << 14) | (1 << 16))):
         assert GapRecord.decode(record.encode()) == record
+    from jitckpt.worker.minibatch_gap import MAGIC2, _HEAD2
+
     payload = GapRecord(7, state, evaluated=True).encode()
+    old = MAGIC2 + _HEAD2.pack(7, 1 | 8 | 16, len(state), 0, 0) + state  # (the previous version's record)
+    assert GapRecord.decode(old) == GapRecord(7, state, evaluated=True)
     flags = len(MAGIC) + 4
     for bad in (payload[:flags], b"JITGAP0\0" + payload[len(MAGIC):],
                 payload[:flags] + bytes([payload[flags] & ~8]) + payload[flags + 1:],   # a state, not announced
                 payload[:-3],                                                           # a short one
                 GapRecord(3, None, ran_out=b"\1\0").encode(),                          # a damaged own state
                 GapRecord(3, None, before_evaluation=state[:-5]).encode(),             # a damaged capture
-                payload[:flags] + bytes([payload[flags], payload[flags + 1] | 0x10]) + payload[flags + 2:]):  # drew, not seen
+                payload[:flags + 2] + bytes([payload[flags + 2] | 0x80]) + payload[flags + 3:]):  # an unknown flag
         with pytest.raises(GapRecordError):
             GapRecord.decode(bad)

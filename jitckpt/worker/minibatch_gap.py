@@ -61,14 +61,21 @@ from jitckpt.worker.data_position import NO_KEY, key_of, loader_key
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
-MAGIC = b"JITGAP2\0"
+MAGIC = b"JITGAP3\0"
 # loader key of the epoch's iterator (NO_KEY: none), flags, the lengths of the three states that follow: the RNG
 # state right before that iterator (a capture), the script's own generators when the epoch's iterator ran out, the
 # RNG state when a framework's evaluation began (a capture)
-_HEAD = struct.Struct("<IHIII")
+_HEAD = struct.Struct("<IIIII")
+MAGIC2, _HEAD2 = b"JITGAP2\0", struct.Struct("<IHIII")  # (the previous version's records: 11 flags, read too)
 (_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED, _LIKELY, _BEFORE_EVAL, _DREW_BEFORE_EVAL,
- _SAVED, _ENDS_SEEN, _ENDS_DREW) = (1 << n for n in range(13))
-_FLAGS = (1 << 13) - 1
+ _SAVED, _ENDS_DREW, _ENDS_QUIET, _STEPS_DREW, _STEPS_QUIET, _PENDING_ENDS, _PENDING_STEPS) = (1 << n for n in range(17))
+_FLAGS = (1 << 17) - 1
+_FLAGS2 = (1 << 11) - 1
+# what the job has seen of the gaps of one kind (an epoch's end, between two minibatches of an epoch): some drew,
+# some did not (a gap a rank watched to its end, before the next minibatch's data or the next epoch's iterator)
+_HISTORY = {True: (_ENDS_DREW, _ENDS_QUIET), False: (_STEPS_DREW, _STEPS_QUIET)}
+_PENDING = {True: _PENDING_ENDS, False: _PENDING_STEPS}
+_HISTORY_FLAGS = _ENDS_DREW | _ENDS_QUIET | _STEPS_DREW | _STEPS_QUIET | _PENDING_ENDS | _PENDING_STEPS
 
 
 class GapRecordError(ValueError):
@@ -95,9 +102,10 @@ class GapRecord:
     before_evaluation: bytes | None = None  # the RNG state when a framework's evaluation in the gap began
     drew_before_evaluation: bool = False    # ... which differed from the state at the step (a callback drew)
     saved: bool = False                  # the framework's own checkpoint save in the gap returned
-    # Whether an epoch's end drew before the next epoch's iterator so far in this job, as the rank knew when it
-    # wrote the record (None: no epoch end seen yet); a resumed rank goes on knowing it
-    epoch_ends_drew: bool | None = None
+    # What the job had seen of the gaps so far when the rank wrote the record (flags of _HISTORY: some epoch ends
+    # drew, some did not; likewise the gaps within an epoch), and whether a resume's assumption that a gap no rank
+    # saw drew nothing still waits for the next gap of its kind (flags of _PENDING); a resumed rank goes on with them
+    history: int = 0
 
     def encode(self) -> bytes:
         flags = 0
@@ -105,19 +113,20 @@ class GapRecord:
                          (_BEFORE, self.before_iterator is not None), (_EVALUATED, self.evaluated),
                          (_RAN_OUT, self.ran_out is not None), (_OWN_MOVED, self.own_moved),
                          (_LIKELY, self.likely_draws), (_BEFORE_EVAL, self.before_evaluation is not None),
-                         (_DREW_BEFORE_EVAL, self.drew_before_evaluation), (_SAVED, self.saved),
-                         (_ENDS_SEEN, self.epoch_ends_drew is not None), (_ENDS_DREW, bool(self.epoch_ends_drew))):
+                         (_DREW_BEFORE_EVAL, self.drew_before_evaluation), (_SAVED, self.saved)):
             flags |= flag if on else 0
+        flags |= self.history & _HISTORY_FLAGS
         key = NO_KEY if self.epoch_key is None else self.epoch_key
         blobs = (self.before_iterator or b"", self.ran_out or b"", self.before_evaluation or b"")
         return MAGIC + _HEAD.pack(key, flags, *(len(b) for b in blobs)) + b"".join(blobs)
 
     @classmethod
     def decode(cls, payload: bytes) -> "GapRecord":
-        if not payload.startswith(MAGIC) or len(payload) < len(MAGIC) + _HEAD.size:
+        head, known = (_HEAD, _FLAGS) if payload.startswith(MAGIC) else (_HEAD2, _FLAGS2)
+        if not payload.startswith((MAGIC, MAGIC2)) or len(payload) < len(MAGIC) + head.size:
             raise GapRecordError("not jitckpt's record of a minibatch's start (wrong header)")
-        key, flags, *sizes = _HEAD.unpack_from(payload, len(MAGIC))
-        start = len(MAGIC) + _HEAD.size
+        key, flags, *sizes = head.unpack_from(payload, len(MAGIC))
+        start = len(MAGIC) + head.size
         if len(payload) != start + sum(sizes):
             raise GapRecordError("not jitckpt's record of a minibatch's start (wrong length)")
         blobs = []
@@ -125,9 +134,8 @@ class GapRecord:
             blobs.append(payload[start:start + size])
             start += size
         state, ran_out, before_evaluation = blobs
-        if (flags & ~_FLAGS or bool(state) != bool(flags & _BEFORE) or (ran_out and not flags & _RAN_OUT)
-                or bool(before_evaluation) != bool(flags & _BEFORE_EVAL)
-                or (flags & _ENDS_DREW and not flags & _ENDS_SEEN)):
+        if (flags & ~known or bool(state) != bool(flags & _BEFORE) or (ran_out and not flags & _RAN_OUT)
+                or bool(before_evaluation) != bool(flags & _BEFORE_EVAL)):
             raise GapRecordError("not jitckpt's record of a minibatch's start (unknown flags)")
         try:
             for capture in (state, before_evaluation):
@@ -140,7 +148,7 @@ class GapRecord:
         return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS),
                    bool(flags & _EVALUATED), ran_out if flags & _RAN_OUT else None, bool(flags & _OWN_MOVED),
                    bool(flags & _LIKELY), before_evaluation or None, bool(flags & _DREW_BEFORE_EVAL),
-                   bool(flags & _SAVED), bool(flags & _ENDS_DREW) if flags & _ENDS_SEEN else None)
+                   bool(flags & _SAVED), flags & _HISTORY_FLAGS)
 
 
 @dataclass
@@ -186,13 +194,14 @@ class MinibatchGap:
         # After a resume that a framework adapter may settle by running the gap's work again (settle_rerun)
         self._rerun_offer: _RerunOffer | None = None
         self._savers_saved = False
-        # Whether an epoch's end already drew before the next epoch's iterator in this job (None: none seen; a
-        # resumed rank takes it from the resumed minibatch's records)
-        self._epoch_ends_drew: bool | None = None
+        # What the job has seen of the gaps, and the assumption that waits for a gap (flags of _HISTORY and
+        # _PENDING; a resumed rank takes them from the resumed minibatch's records)
+        self._history = 0
         # After a resume whose redone minibatch's gap no rank watched to its end (the ranks that saved stopped in
-        # a collective after the step before): (that minibatch, whether it starts an epoch).  The resume took
-        # it that nothing drew there; a later gap of the same kind that draws shows otherwise (_check_assumption).
-        self._unwatched: tuple[int, bool] | None = None
+        # a collective after the step before) and no gap of its kind had been seen: (that minibatch, whether it
+        # starts an epoch).  The resume took it that nothing drew there; the next gap of the kind decides
+        # (_check_assumption).
+        self._unwatched: tuple[int, bool, bool] | None = None  # (... and whether an earlier resume assumed it)
         # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
         self._disabled = False
 
@@ -200,8 +209,17 @@ class MinibatchGap:
 
     def _write(self, step: int) -> None:
         record = self._records[step]
-        record.epoch_ends_drew = self._epoch_ends_drew
+        record.history = self._history | (_PENDING[self._unwatched[1]] if self._unwatched is not None else 0)
         self.rt.stash_rank_state(stash.GAP, step, record.encode())
+
+    def _watched(self, step: int, epoch_start: bool, drew: bool) -> None:
+        """This rank watched minibatch ``step``'s gap to its end (before its data, or before the new epoch's
+        iterator): what the job has seen of such gaps (not the redone minibatch's own: its run differs)."""
+        if self.rt.resumed_from is not None and step <= self.rt.resumed_from:
+            return
+        drew_flag, quiet_flag = _HISTORY[epoch_start]
+        self._history |= drew_flag if drew else quiet_flag
+        self._check_assumption(step, epoch_start, drew)
 
     def minibatch_started(self) -> None:
         """Minibatch ``rt.step`` begins (the one before has stepped): its gap opens."""
@@ -269,9 +287,8 @@ class MinibatchGap:
             return
         record.before_iterator = rng_state.capture()
         record.draws = record.draws or self._moved(step, record.before_iterator)
-        self._epoch_ends_drew = bool(self._epoch_ends_drew) or record.draws or record.evaluated
+        self._watched(step, True, record.draws or record.evaluated)
         self._write(step)
-        self._check_assumption(step, True, record.draws or record.evaluated)
 
     def data_reached(self, key: int | None = None) -> None:
         """Minibatch ``rt.step`` takes its data: a fetch (of ``key``) or its first training forward (None)."""
@@ -298,9 +315,9 @@ class MinibatchGap:
                 if now != stashed:
                     self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
                 record.refined = True
-        self._write(step)
         if record.epoch_key is None:
-            self._check_assumption(step, False, record.draws)
+            self._watched(step, False, record.draws)
+        self._write(step)
 
     def framework_start(self, now: bytes) -> None:
         """A framework adapter is about to stash ``now`` at its own start of minibatch ``rt.step`` (where its resume
@@ -379,25 +396,25 @@ class MinibatchGap:
         return stashed is not None and _global(now) != _global(stashed)
 
     def _check_assumption(self, step: int, epoch_start: bool, drew: bool) -> None:
-        """This rank watched minibatch ``step``'s gap to its end (an epoch's start or not; ``drew``: random numbers
-        were drawn in it).  If the resume took it that nothing drew in the same kind of gap before the redone
-        minibatch, which no rank saw, the first such gap after it decides: one that draws says that was most
-        likely wrong (an evaluation at every epoch's end, the script's own draws after every step), and the job
-        stops with the reason; one that does not confirms it.  (A script that draws in some gaps only, an
-        evaluation every N minibatches, is not told apart.)"""
+        """After ``_watched``: if a resume took it that nothing drew in the gap before its redone minibatch, which
+        no rank saw, with no gap of that kind seen before, the first such gap after it decides: one that draws
+        says that was most likely wrong (an evaluation at every epoch's end, the script's own draws after every
+        step), and the job stops with the reason; one that does not confirms it (a script that draws in some
+        gaps only, an evaluation every N minibatches, is taken to draw in none: not told apart)."""
         if self._unwatched is None or step <= self._unwatched[0] or epoch_start != self._unwatched[1]:
             return
-        resumed, _ = self._unwatched
+        resumed, _, earlier = self._unwatched
         self._unwatched = None
         if not drew:
             return
-        where = "the next epoch's first DataLoader iterator" if epoch_start else f"minibatch {resumed}'s data"
-        self._refuse(f"rank {self.rt.rank}'s resume at minibatch {resumed} took it that nothing drew random numbers "
-                     f"between minibatch {resumed - 1}'s optimizer step and {where}, which no rank saw in the run "
-                     f"that failed (the ranks that saved stopped in a collective after that step); but the same "
-                     f"gap before minibatch {step} drew (an evaluation? the script's own draws?), so that one "
-                     f"most likely did too, and the resumed run did not repeat those draws: it has not repeated "
-                     f"the fault-free run since minibatch {resumed}")
+        where = "the next epoch's first DataLoader iterator" if epoch_start else "the next minibatch's data"
+        which = (f"an earlier resume (before the one at minibatch {resumed}) took it" if earlier else
+                 f"rank {self.rt.rank}'s resume at minibatch {resumed} took it")
+        self._refuse(f"{which} that nothing drew random numbers between an optimizer step and {where}, in a gap that "
+                     f"no rank saw in the run that failed (the ranks that saved stopped in a collective after that "
+                     f"step), with no such gap seen before; but the same kind of gap before minibatch {step} drew (an "
+                     f"evaluation? the script's own draws?), so that one most likely did too, and the resumed run "
+                     f"did not repeat those draws: it has not repeated the fault-free run since")
 
     def before_save(self) -> None:
         """A JIT save of minibatch ``rt.step`` begins: if this rank is still in its gap, record the draws so far."""
@@ -407,9 +424,9 @@ class MinibatchGap:
             return
         if self._moved(step, rng_state.capture()):
             record.draws = True
-        elif record.epoch_key is not None and self._epoch_ends_drew and not record.evaluated:
+        elif self._history & _HISTORY[record.epoch_key is not None][0] and not record.evaluated:
             record.likely_draws = True  # (an evaluation at every epoch's end, not reached yet?)
-        self._write(step)  # (with what this rank knows of the epoch ends so far)
+        self._write(step)  # (with what this rank knows of the gaps so far)
 
     # ----- after a resume ----------------------------------------------------------------
 
@@ -426,11 +443,14 @@ class MinibatchGap:
         (``rt.framework_last_minibatch``), which need not end an epoch.
         """
         self._refuse = refuse
-        known = [r.epoch_ends_drew for r in [*([own] if own else []), *others, *(savers or [])]
-                 if r.epoch_ends_drew is not None]
-        if known:
-            self._epoch_ends_drew = any(known)
+        for record in [*([own] if own else []), *others, *(savers or [])]:
+            self._history |= record.history
+        pending = self._history & (_PENDING_ENDS | _PENDING_STEPS)
+        self._history &= ~pending
         why = self._arm(own, others, own_state)
+        if why is None and self._unwatched is None and pending and self.rt.framework is None:
+            # an earlier resume's assumption, not decided before this failure: the next gap of its kind decides
+            self._unwatched = (self.rt.resumed_from, bool(pending & _PENDING_ENDS), True)
         last = self.rt.framework_last_minibatch
         ends = self._epoch_key(own, others) is not None or (last is not None and self.rt.resumed_from >= last)
         if self.rt.framework_reruns_evaluation and ends and savers and not any(r.refined for r in savers):
@@ -489,7 +509,22 @@ class MinibatchGap:
         framework = self.rt.framework
         watched = any(r.refined or r.evaluated or r.before_iterator is not None for r in [*([own] if own else []), *others])
         if framework is None and not draws and not watched:
-            self._unwatched = (step, epoch_key is not None)
+            drew_flag, quiet_flag = _HISTORY[epoch_key is not None]
+            where = "the next epoch's first DataLoader iterator" if epoch_key is not None else f"minibatch {step}'s data"
+            if self._history & drew_flag and self._history & quiet_flag:
+                return (f"the ranks that saved minibatch {step} stopped between minibatch {step - 1}'s optimizer step "
+                        f"and {where} (in a collective after the step), so no rank saw whether random numbers were "
+                        f"drawn there; earlier such gaps drew in some cases and not in others (an evaluation every "
+                        f"few minibatches or epochs?): rank {self.rt.rank}'s state for minibatch {step} cannot be "
+                        f"shown to be the fault-free run's")
+            if self._history & drew_flag and epoch_key is None:
+                return (f"the ranks that saved minibatch {step} stopped between minibatch {step - 1}'s optimizer step "
+                        f"and {where} (in a collective after the step), where every earlier minibatch drew random "
+                        f"numbers before its data: no rank saw this one's draws, and the resumed run does not make "
+                        f"them, so rank {self.rt.rank}'s state for minibatch {step} cannot be shown to be the "
+                        f"fault-free run's")
+            if not self._history & (drew_flag | quiet_flag):
+                self._unwatched = (step, epoch_key is not None, False)
         evaluated = any(r.evaluated for r in [*([own] if own else []), *others])
         if framework is not None and not (own is not None and own.refined) and (
                 draws or (evaluated and not (own is not None and own.evaluated))):

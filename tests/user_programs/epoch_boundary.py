@@ -22,7 +22,8 @@ save made in that all-reduce (a script's defect that jitckpt must refuse).
 
 ``--eval-draws``: after every epoch, an evaluation whose input noise comes
 from the global generator, and an all-reduce of its metric (the ranks meet
-there, between the two minibatches).  ``--die RANK:STEP:WHERE`` (first
+there, between the two minibatches); with ``--eval-every N`` after every
+N-th epoch only (0, N, ...).  ``--die RANK:STEP:WHERE`` (first
 attempt only) SIGKILLs (``kill-*``) or SIGSTOPs (``stop-*``) that rank:
 ``*-forward`` right before minibatch STEP's forward, ``*-step`` right
 before its optimizer step (its gradients all-reduced), ``*-epoch-end`` after
@@ -67,6 +68,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--eval-draws", action="store_true")
+    p.add_argument("--eval-every", type=int, default=1, help="with --eval-draws: after every N-th epoch only")
     p.add_argument("--loader-generator", action="store_true")
     p.add_argument("--log-allreduce", action="store_true")
     p.add_argument("--count-after-logging", action="store_true")
@@ -122,7 +124,7 @@ def main() -> None:
                 dist.all_reduce(loss.detach().clone())
             progress["step"] = step
         maybe_die(step - 1, "epoch-end")
-        if args.eval_draws:
+        if args.eval_draws and epoch % args.eval_every == 0:
             model.eval()
             with torch.no_grad():
                 metric = nn.functional.mse_loss(model(dataset.x + 0.1 * torch.rand_like(dataset.x)), dataset.y)
