@@ -15,7 +15,10 @@ that has not yet seen its all-reduce of minibatch i-1 complete (a busy host)
 saves i-1 while a rank on its host has already stashed the start of i+1 (at
 its first gradient collective of minibatch i).  Ranks are never more than
 that apart: no rank completes the all-reduce of minibatch i before every rank
-has issued it.  Each slot is
+has issued it.  (A host that runs ahead of its device, with NCCL, could
+stash i+2 while a peer saves i-1 only if it finished minibatch i+1's step
+without the all-reduce's result; jitckpt's pre-step wait prevents that, and
+a start that is missing is refused, never guessed.)  Each slot is
 guarded by a sequence number (odd while writing) and a CRC, so a reader never
 takes a half-written entry.  The payloads are bytes in formats that decode to
 data only (``rng_state``'s binary format, ``jitckpt.store.safe_codec``).
