@@ -107,8 +107,9 @@ def test_a_save_before_the_first_epochs_end_is_exact_or_found_out_at_the_next_ep
 
 def test_a_save_before_an_epochs_end_that_draws_only_every_other_epoch_stops_the_job(tmp_path):
     """An evaluation after every other epoch (0, 2): rank 1 dies before its last step of epoch 1, the others save
-    minibatch 8 in the logging all-reduce.  Epoch 0's end drew, none other was seen: whether this one draws cannot
-    be told, and the job stops with the reason rather than guess."""
+    minibatch 8 in the logging all-reduce.  The only epoch end seen so far, epoch 0's, drew: the job stops with
+    the reason rather than guess (here epoch 1's end would not have drawn: a refusal, never a wrong answer; had
+    epoch 1's end been seen too, some drawing and some not, it would stop as well)."""
     args = ["--eval-draws", "--eval-every", "2", "--log-allreduce", "--die", "1:7:kill-step"]
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=args)
     assert result.returncode == 77, (result.returncode, result.output[-4000:])
