@@ -185,7 +185,8 @@ def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
                    GapRecord(3, None, ran_out=b"", own_moved=True, likely_draws=True),
                    GapRecord(3, state, ran_out=b"\0\0"),
                    GapRecord(3, None, before_evaluation=state, drew_before_evaluation=True, saved=True),
-                   GapRecord(None, None, history=1 << 12), GapRecord(3, state, history=(1 << 11) | (1 << 14) | (1 << 16))):
+                   GapRecord(None, None, history=1 << 12), GapRecord(3, state, history=(1 << 11) | (1 << 14) | (1 << 16)),
+                   GapRecord(None, None, refined=True, draws=True, at_step=state)):
         assert GapRecord.decode(record.encode()) == record
     from jitckpt.worker.minibatch_gap import MAGIC2, _HEAD2
 
@@ -198,6 +199,7 @@ def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
                 payload[:-3],                                                           # a short one
                 GapRecord(3, None, ran_out=b"\1\0").encode(),                          # a damaged own state
                 GapRecord(3, None, before_evaluation=state[:-5]).encode(),             # a damaged capture
+                GapRecord(None, None, at_step=state[:-5]).encode(),                     # ... at the step
                 payload[:flags + 2] + bytes([payload[flags + 2] | 0x80]) + payload[flags + 3:]):  # an unknown flag
         with pytest.raises(GapRecordError):
             GapRecord.decode(bad)

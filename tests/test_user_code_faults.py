@@ -294,3 +294,35 @@ def test_survivors_that_save_different_minibatches_resume_from_the_newest(tmp_pa
     assert sorted((s["rank"], s["minibatch"]) for s in failure["saves"]) == [(0, 9), (1, 10)], failure
     assert failure["resumed_from_minibatch"] == 10 and failure["minibatches_redone"] == 1, failure
     assert result.sha == lag_fault_free_sha, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+RANDOM_INPUTS = REPO / "tests" / "user_programs" / "random_inputs.py"
+
+
+@pytest.mark.parametrize("fault, die", [("rank=1,step=7,phase=backward,kind=kill", ""),
+                                         ("rank=1,step=7,phase=optimizer,kind=kill", ""),
+                                         ("", "1:7")], ids=["backward", "optimizer", "after-drawing-its-inputs"])
+def test_a_loop_drawing_its_inputs_from_the_global_generator_resumes_bit_exact(tmp_path, fault, die):
+    """PyTorch's DDP tutorial loop draws its inputs with torch.randn at the top of every minibatch, before the
+    forward.  The state a minibatch's data starts from is stashed at its first forward, after those draws; a
+    resumed rank starts from the state at the step before (recorded when the gap between the two drew), so its
+    loop draws the same inputs again.  A rank that died before its forward (in the optimizer step of the minibatch
+    before, or right after drawing its inputs) has only that state, and relies on its loop doing the same; the
+    ranks that got to their data check that theirs did.  Before, every recovery of such a loop stopped."""
+    expected = reference_sha(nproc=3, args=[], script=RANDOM_INPUTS)
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, fault=fault, args=["--die", die] if die else [])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == (8 if "optimizer" in fault else 7), failure
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+def test_a_loop_that_does_not_draw_its_gap_again_stops_the_job_with_the_reason(tmp_path):
+    """The same loop, drawing one more number after every optimizer step (a noisy metric): rank 1 dies in its
+    optimizer step of minibatch 7, and relies on its loop to draw the gap's numbers again; the resumed loop does
+    not draw minibatch 7's metric, which the others see at their data: the job stops (a refusal, never a wrong
+    answer)."""
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, args=["--noise-after-step"],
+                     fault="rank=1,step=7,phase=optimizer,kind=kill")
+    assert result.returncode == 77, (result.returncode, result.output[-4000:])
+    assert "redone loop did not draw again" in result.output, result.output[-4000:]

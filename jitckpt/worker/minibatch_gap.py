@@ -62,11 +62,11 @@ if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
 MAGIC = b"JITGAP3\0"
-# loader key of the epoch's iterator (NO_KEY: none), flags, the lengths of the three states that follow: the RNG
+# loader key of the epoch's iterator (NO_KEY: none), flags, the lengths of the four states that follow: the RNG
 # state right before that iterator (a capture), the script's own generators when the epoch's iterator ran out, the
-# RNG state when a framework's evaluation began (a capture)
-_HEAD = struct.Struct("<IIIII")
-MAGIC2, _HEAD2 = b"JITGAP2\0", struct.Struct("<IHIII")  # (the previous version's records: 11 flags, read too)
+# RNG state when a framework's evaluation began (a capture), the RNG state at the step before (a capture)
+_HEAD = struct.Struct("<IIIIII")
+MAGIC2, _HEAD2 = b"JITGAP2\0", struct.Struct("<IHIII")  # (the previous version's records: 11 flags, 3 states)
 (_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED, _LIKELY, _BEFORE_EVAL, _DREW_BEFORE_EVAL,
  _SAVED, _ENDS_DREW, _ENDS_QUIET, _STEPS_DREW, _STEPS_QUIET, _PENDING_ENDS, _PENDING_STEPS) = (1 << n for n in range(17))
 _FLAGS = (1 << 17) - 1
@@ -106,6 +106,10 @@ class GapRecord:
     # drew, some did not; likewise the gaps within an epoch), and whether a resume's assumption that a gap no rank
     # saw drew nothing still waits for the next gap of its kind (flags of _PENDING); a resumed rank goes on with them
     history: int = 0
+    # The RNG state at the step before, when something drew between it and this minibatch's data that this rank
+    # watched (the state stashed for the minibatch is then the one at its data): a resumed rank starts from it, so
+    # that the script's own loop makes those draws again (random inputs drawn before the forward)
+    at_step: bytes | None = None
 
     def encode(self) -> bytes:
         flags = 0
@@ -117,7 +121,7 @@ class GapRecord:
             flags |= flag if on else 0
         flags |= self.history & _HISTORY_FLAGS
         key = NO_KEY if self.epoch_key is None else self.epoch_key
-        blobs = (self.before_iterator or b"", self.ran_out or b"", self.before_evaluation or b"")
+        blobs = (self.before_iterator or b"", self.ran_out or b"", self.before_evaluation or b"", self.at_step or b"")
         return MAGIC + _HEAD.pack(key, flags, *(len(b) for b in blobs)) + b"".join(blobs)
 
     @classmethod
@@ -133,12 +137,13 @@ class GapRecord:
         for size in sizes:
             blobs.append(payload[start:start + size])
             start += size
-        state, ran_out, before_evaluation = blobs
+        state, ran_out, before_evaluation, *rest = blobs
+        at_step = rest[0] if rest else b""
         if (flags & ~known or bool(state) != bool(flags & _BEFORE) or (ran_out and not flags & _RAN_OUT)
                 or bool(before_evaluation) != bool(flags & _BEFORE_EVAL)):
             raise GapRecordError("not jitckpt's record of a minibatch's start (unknown flags)")
         try:
-            for capture in (state, before_evaluation):
+            for capture in (state, before_evaluation, at_step):
                 if capture:
                     rng_state.decode(capture)
             if ran_out:
@@ -148,7 +153,7 @@ class GapRecord:
         return cls(key if flags & _EPOCH else None, state or None, bool(flags & _REFINED), bool(flags & _DRAWS),
                    bool(flags & _EVALUATED), ran_out if flags & _RAN_OUT else None, bool(flags & _OWN_MOVED),
                    bool(flags & _LIKELY), before_evaluation or None, bool(flags & _DREW_BEFORE_EVAL),
-                   bool(flags & _SAVED), flags & _HISTORY_FLAGS)
+                   bool(flags & _SAVED), flags & _HISTORY_FLAGS, at_step or None)
 
 
 @dataclass
@@ -204,6 +209,11 @@ class MinibatchGap:
         self._unwatched: tuple[int, bool, bool] | None = None  # (... and whether an earlier resume assumed it)
         # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
         self._disabled = False
+        # After a resume where some rank starts the redone minibatch from the state at the step before and has its
+        # loop make the gap's draws again: this rank's state at its data in the run that failed, which its own
+        # redone loop must reach by itself (check_replay), or that rank's cannot be trusted either
+        self._replay_expected: bytes | None = None
+        self.all_refined = True  # (set by the resume: every rank's record of the resumed minibatch got to its data)
 
     # ----- the failed run's side ---------------------------------------------------------
 
@@ -313,6 +323,8 @@ class MinibatchGap:
             # restores there: the state at the data is not what it puts back.
             if self.rt.framework is None:
                 if now != stashed:
+                    if record.before_iterator is None and record.at_step is None:
+                        record.at_step = stashed  # (what a resumed rank starts from: its loop draws again)
                     self.rt.stash_rng(step, now)  # (the state at the data: what a resume puts back here)
                 record.refined = True
         if record.epoch_key is None:
@@ -415,6 +427,19 @@ class MinibatchGap:
                      f"step), with no such gap seen before; but the same kind of gap before minibatch {step} drew (an "
                      f"evaluation? the script's own draws?), so that one most likely did too, and the resumed run "
                      f"did not repeat those draws: it has not repeated the fault-free run since")
+
+    def check_replay(self) -> None:
+        """The redone minibatch takes its data (before its state there is put back): if a rank relies on the loop
+        drawing the gap's random numbers again, this rank's loop must have reached the state it had there."""
+        expected, self._replay_expected = self._replay_expected, None
+        if expected is None or _global(rng_state.capture()) == _global(expected):
+            return
+        step = self.rt.resumed_from
+        self._refuse(f"rank {self.rt.rank}'s redone loop did not draw again, between minibatch {step - 1}'s optimizer "
+                     f"step and minibatch {step}'s data, what it drew there in the run that failed (an evaluation "
+                     f"between minibatches, which the resumed loop does not run?), so the ranks that died before "
+                     f"their data, whose state after those draws was never recorded, cannot have them made again "
+                     f"either: their redone minibatch would not be the fault-free run's")
 
     def before_save(self) -> None:
         """A JIT save of minibatch ``rt.step`` begins: if this rank is still in its gap, record the draws so far."""
@@ -564,6 +589,23 @@ class MinibatchGap:
             # (else the framework's own start, after the iterator, puts back the state it stashed there: what the
             # framework draws on resume between the two, Lightning's validation loader, is not the failed run's)
             return None
+        if own is not None and own.refined and own.at_step is not None and framework is None:
+            # Random numbers were drawn between the step and this minibatch's data (the script's loop draws its
+            # inputs before the forward?): from the state at the step, the redone loop draws them again; its data's
+            # state is put back at the data as usual (the same state if the loop drew the same)
+            rng_state.restore(own.at_step)
+            self._records[step] = GapRecord(at_step=own.at_step, refined=True)  # (kept, should this attempt fail too)
+            self._write(step)
+            if not self.all_refined and own_state is not None:
+                self._replay_expected = own_state  # (a rank relies on the loop drawing again: check_replay)
+        if (draws and not (own is not None and own.refined) and framework is None and own_state is not None
+                and any(r.refined and r.at_step is not None for r in others)):
+            # This rank did not get to its data; the ranks that did recorded their state at the step too, and
+            # check that their redone loops draw again what they drew (check_replay): this one starts from its own
+            # state at the step, which its stash holds, and its loop makes the same draws
+            rng_state.restore(own_state)
+            self.rt.take_pending_rng()
+            return None
         if draws and not (own is not None and own.refined):
             return (f"random numbers were drawn between minibatch {step - 1}'s optimizer step and minibatch {step}'s "
                     f"data (an evaluation, a DataLoader iterator, the script's own draws), and rank {self.rt.rank} "
@@ -582,6 +624,20 @@ def saver_records(step_path: Path) -> list[GapRecord]:
         except (OSError, GapRecordError):
             continue
     return found
+
+
+def all_refined(step_path: Path, world_size: int) -> bool:
+    """Whether the checkpoints of one step carry, for every rank of the job, a record saying that it got to the
+    minibatch's data in the run that failed (a rank without one starts from its state at the step before)."""
+    refined = set()
+    for folder in step_path.glob(f"rank-*/{stash.KINDS[stash.GAP][1]}"):
+        for file in folder.glob("rank-*.bin"):
+            try:
+                if GapRecord.decode(file.read_bytes()).refined:
+                    refined.add(int(file.stem.rsplit("-", 1)[1]))
+            except (OSError, ValueError, GapRecordError):
+                continue
+    return refined >= set(range(world_size))
 
 
 def records_of_step(step_path: Path, exclude: Path | None = None) -> list[GapRecord]:
