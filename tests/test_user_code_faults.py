@@ -326,3 +326,12 @@ def test_a_loop_that_does_not_draw_its_gap_again_stops_the_job_with_the_reason(t
                      fault="rank=1,step=7,phase=optimizer,kind=kill")
     assert result.returncode == 77, (result.returncode, result.output[-4000:])
     assert "redone loop did not draw again" in result.output, result.output[-4000:]
+
+
+def test_a_draw_before_the_loop_that_shifts_its_inputs_stops_the_job_with_the_reason(tmp_path):
+    """The loop draws its inputs, but the script draws once more between jit_get_checkpoint_path() and the loop:
+    the redone inputs differ from the failed run's, which the rank's own notes of its forward inputs show."""
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, args=["--draw-before-loop"],
+                     fault="rank=1,step=7,phase=backward,kind=kill")
+    assert result.returncode == 77, (result.returncode, result.output[-4000:])
+    assert "forward other inputs than the run that failed did" in result.output, result.output[-4000:]

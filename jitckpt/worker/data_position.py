@@ -343,6 +343,7 @@ class TakenBatches:
                         return
                     if key in self.expected:
                         self._yielded.add(key)
+                        self._names.setdefault(key, type(module).__qualname__)
                         if d in self.expected[key]:
                             self._again.add(key)
                     if d in self._suspect.get(key, ()):
@@ -442,7 +443,15 @@ class TakenBatches:
                                                 if d in self._suspect.get(key, ())})
             self._forward_noted_for = step  # (the failed run's notes of this minibatch stay in the stash)
         self._drop_hook()
-        if failed:
+        failed.sort(key=lambda key: key in self._names)  # (a loader's batches first: what the script can act on)
+        if failed and failed[0] in self._names:
+            self._refuse(
+                f"rank {self.rt.rank}'s redone minibatch {self.rt.resumed_from} gave {self._names[failed[0]]}'s "
+                f"forward other inputs than the run that failed did: it would train on other data (drawn with "
+                f"other random numbers, or taken from another position). Random inputs drawn before the forward "
+                f"are drawn again only if nothing else draws between jit_get_checkpoint_path() and them "
+                f"(docs/user-guide.md, \"Data loading\")")
+        elif failed:
             self._refuse(
                 f"rank {self.rt.rank}'s data loader took none of the {len(expected[failed[0]])} batch(es) that "
                 f"minibatch {self.rt.resumed_from} took from it in the run that failed (it yielded other batches "

@@ -3,7 +3,8 @@ minibatch (no DataLoader), per-rank seeds, dropout, SGD; jitckpt's two calls wit
 
 ``--die RANK:STEP`` (first attempt only): that rank SIGKILLs itself in minibatch STEP right after drawing its
 inputs, before its forward.  ``--noise-after-step``: after every optimizer step the loop draws one more number
-(a noisy metric), which a resumed loop does not draw again for the minibatch before.  Prints ``final parameters
+(a noisy metric), which a resumed loop does not draw again for the minibatch before.  ``--draw-before-loop``: one
+draw between ``jit_get_checkpoint_path()`` and the loop (it shifts a resumed loop's inputs).  Prints ``final parameters
 sha256 <hex>`` on rank 0.
 """
 
@@ -27,6 +28,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--die", default="")
     p.add_argument("--noise-after-step", action="store_true")
+    p.add_argument("--draw-before-loop", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -49,6 +51,8 @@ def main() -> None:
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if args.draw_before_loop:
+        torch.rand(1)
     for step in range(start, args.steps):
         inputs, labels = torch.randn(20, 10), torch.randn(20, 5)
         if attempt == 0 and args.die == f"{rank}:{step}":
