@@ -188,11 +188,13 @@ def test_gap_records_are_data_only_and_refuse_what_they_do_not_know():
                    GapRecord(None, None, history=1 << 12), GapRecord(3, state, history=(1 << 11) | (1 << 14) | (1 << 16)),
                    GapRecord(None, None, refined=True, draws=True, at_step=state)):
         assert GapRecord.decode(record.encode()) == record
-    from jitckpt.worker.minibatch_gap import MAGIC2, _HEAD2
+    from jitckpt.worker.minibatch_gap import MAGIC2, MAGIC3, _HEAD2, _HEAD3
 
     payload = GapRecord(7, state, evaluated=True).encode()
     old = MAGIC2 + _HEAD2.pack(7, 1 | 8 | 16, len(state), 0, 0) + state  # (the previous version's record)
     assert GapRecord.decode(old) == GapRecord(7, state, evaluated=True)
+    three = MAGIC3 + _HEAD3.pack(7, 1 | 8 | 16 | (1 << 11), len(state), 0, 0) + state  # (and the one after it)
+    assert GapRecord.decode(three) == GapRecord(7, state, evaluated=True, history=1 << 11)
     flags = len(MAGIC) + 4
     for bad in (payload[:flags], b"JITGAP0\0" + payload[len(MAGIC):],
                 payload[:flags] + bytes([payload[flags] & ~8]) + payload[flags + 1:],   # a state, not announced

@@ -299,33 +299,41 @@ def test_survivors_that_save_different_minibatches_resume_from_the_newest(tmp_pa
 RANDOM_INPUTS = REPO / "tests" / "user_programs" / "random_inputs.py"
 
 
-@pytest.mark.parametrize("fault, die", [("rank=1,step=7,phase=backward,kind=kill", ""),
-                                         ("rank=1,step=7,phase=optimizer,kind=kill", ""),
-                                         ("", "1:7")], ids=["backward", "optimizer", "after-drawing-its-inputs"])
-def test_a_loop_drawing_its_inputs_from_the_global_generator_resumes_bit_exact(tmp_path, fault, die):
+@pytest.mark.parametrize("phase", ["backward", "allreduce"])
+def test_a_loop_drawing_its_inputs_from_the_global_generator_resumes_bit_exact(tmp_path, phase):
     """PyTorch's DDP tutorial loop draws its inputs with torch.randn at the top of every minibatch, before the
     forward.  The state a minibatch's data starts from is stashed at its first forward, after those draws; a
     resumed rank starts from the state at the step before (recorded when the gap between the two drew), so its
-    loop draws the same inputs again.  A rank that died before its forward (in the optimizer step of the minibatch
-    before, or right after drawing its inputs) has only that state, and relies on its loop doing the same; the
-    ranks that got to their data check that theirs did.  Before, every recovery of such a loop stopped."""
+    loop draws the same inputs again, which its own notes of the inputs confirm.  Before, every recovery of such
+    a loop stopped (the redone inputs were drawn from the state the restart left)."""
     expected = reference_sha(nproc=3, args=[], script=RANDOM_INPUTS)
-    result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, fault=fault, args=["--die", die] if die else [])
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, fault=f"rank=1,step=7,phase={phase},kind=kill")
     assert result.returncode == 0, result.output[-4000:]
     (failure,) = result.report["failures"]
-    assert failure["resumed_from_minibatch"] == (8 if "optimizer" in fault else 7), failure
+    assert failure["resumed_from_minibatch"] == 7, failure
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+@pytest.mark.parametrize("fault, die, resumed", [("rank=1,step=7,phase=optimizer,kind=kill", "", 8), ("", "1:7", 7)],
+                         ids=["in-the-optimizer-step-before", "after-drawing-its-inputs"])
+def test_a_rank_that_died_before_its_drawn_inputs_reached_the_forward_stops_the_job(tmp_path, fault, die, resumed):
+    """The same loop; rank 1 dies before the forward that follows its draws (in its optimizer step of the
+    minibatch before, or right after drawing): its state after those draws was never recorded, and whether its
+    loop would draw the same again cannot be shown (a rank-0-only evaluation after the step would not be drawn
+    again): the job stops with the reason, a refusal, never a wrong answer."""
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, fault=fault, args=["--die", die] if die else [])
+    assert result.returncode == 77, (result.returncode, result.output[-4000:])
+    assert f"did not reach minibatch {resumed}'s data in the run that failed" in result.output, result.output[-4000:]
 
 
 def test_a_loop_that_does_not_draw_its_gap_again_stops_the_job_with_the_reason(tmp_path):
     """The same loop, drawing one more number after every optimizer step (a noisy metric): rank 1 dies in its
-    optimizer step of minibatch 7, and relies on its loop to draw the gap's numbers again; the resumed loop does
-    not draw minibatch 7's metric, which the others see at their data: the job stops (a refusal, never a wrong
-    answer)."""
+    backward of minibatch 7; the resumed loop draws minibatch 7's inputs but not minibatch 6's metric before them,
+    so its inputs are not the failed run's, which its own notes show: the job stops."""
     result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, args=["--noise-after-step"],
-                     fault="rank=1,step=7,phase=optimizer,kind=kill")
+                     fault="rank=1,step=7,phase=backward,kind=kill")
     assert result.returncode == 77, (result.returncode, result.output[-4000:])
-    assert "redone loop did not draw again" in result.output, result.output[-4000:]
+    assert "forward other inputs than the run that failed did" in result.output, result.output[-4000:]
 
 
 def test_a_draw_before_the_loop_that_shifts_its_inputs_stops_the_job_with_the_reason(tmp_path):

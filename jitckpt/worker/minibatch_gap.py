@@ -50,6 +50,7 @@ binary format: a checkpoint is untrusted input.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,12 +62,14 @@ from jitckpt.worker.data_position import NO_KEY, key_of, loader_key
 if TYPE_CHECKING:
     from jitckpt.worker.runtime import JitRuntime
 
-MAGIC = b"JITGAP3\0"
+MAGIC = b"JITGAP4\0"
 # loader key of the epoch's iterator (NO_KEY: none), flags, the lengths of the four states that follow: the RNG
 # state right before that iterator (a capture), the script's own generators when the epoch's iterator ran out, the
 # RNG state when a framework's evaluation began (a capture), the RNG state at the step before (a capture)
 _HEAD = struct.Struct("<IIIIII")
-MAGIC2, _HEAD2 = b"JITGAP2\0", struct.Struct("<IHIII")  # (the previous version's records: 11 flags, 3 states)
+# (earlier versions' records, read too: 11 flags and 3 states; 17 flags and 3 states)
+MAGIC2, _HEAD2 = b"JITGAP2\0", struct.Struct("<IHIII")
+MAGIC3, _HEAD3 = b"JITGAP3\0", struct.Struct("<IIIII")
 (_EPOCH, _REFINED, _DRAWS, _BEFORE, _EVALUATED, _RAN_OUT, _OWN_MOVED, _LIKELY, _BEFORE_EVAL, _DREW_BEFORE_EVAL,
  _SAVED, _ENDS_DREW, _ENDS_QUIET, _STEPS_DREW, _STEPS_QUIET, _PENDING_ENDS, _PENDING_STEPS) = (1 << n for n in range(17))
 _FLAGS = (1 << 17) - 1
@@ -126,8 +129,9 @@ class GapRecord:
 
     @classmethod
     def decode(cls, payload: bytes) -> "GapRecord":
-        head, known = (_HEAD, _FLAGS) if payload.startswith(MAGIC) else (_HEAD2, _FLAGS2)
-        if not payload.startswith((MAGIC, MAGIC2)) or len(payload) < len(MAGIC) + head.size:
+        head, known = ((_HEAD, _FLAGS) if payload.startswith(MAGIC) else (_HEAD3, _FLAGS)
+                       if payload.startswith(MAGIC3) else (_HEAD2, _FLAGS2))
+        if not payload.startswith((MAGIC, MAGIC2, MAGIC3)) or len(payload) < len(MAGIC) + head.size:
             raise GapRecordError("not jitckpt's record of a minibatch's start (wrong header)")
         key, flags, *sizes = head.unpack_from(payload, len(MAGIC))
         start = len(MAGIC) + head.size
@@ -209,11 +213,7 @@ class MinibatchGap:
         self._unwatched: tuple[int, bool, bool] | None = None  # (... and whether an earlier resume assumed it)
         # A stateful loader (torchdata's) fed the training: its adapter places the RNG state itself, at its fetches.
         self._disabled = False
-        # After a resume where some rank starts the redone minibatch from the state at the step before and has its
-        # loop make the gap's draws again: this rank's state at its data in the run that failed, which its own
-        # redone loop must reach by itself (check_replay), or that rank's cannot be trusted either
-        self._replay_expected: bytes | None = None
-        self.all_refined = True  # (set by the resume: every rank's record of the resumed minibatch got to its data)
+
 
     # ----- the failed run's side ---------------------------------------------------------
 
@@ -428,19 +428,6 @@ class MinibatchGap:
                      f"evaluation? the script's own draws?), so that one most likely did too, and the resumed run "
                      f"did not repeat those draws: it has not repeated the fault-free run since")
 
-    def check_replay(self) -> None:
-        """The redone minibatch takes its data (before its state there is put back): if a rank relies on the loop
-        drawing the gap's random numbers again, this rank's loop must have reached the state it had there."""
-        expected, self._replay_expected = self._replay_expected, None
-        if expected is None or _global(rng_state.capture()) == _global(expected):
-            return
-        step = self.rt.resumed_from
-        self._refuse(f"rank {self.rt.rank}'s redone loop did not draw again, between minibatch {step - 1}'s optimizer "
-                     f"step and minibatch {step}'s data, what it drew there in the run that failed (an evaluation "
-                     f"between minibatches, which the resumed loop does not run?), so the ranks that died before "
-                     f"their data, whose state after those draws was never recorded, cannot have them made again "
-                     f"either: their redone minibatch would not be the fault-free run's")
-
     def before_save(self) -> None:
         """A JIT save of minibatch ``rt.step`` begins: if this rank is still in its gap, record the draws so far."""
         step = self.rt.step
@@ -593,19 +580,12 @@ class MinibatchGap:
             # Random numbers were drawn between the step and this minibatch's data (the script's loop draws its
             # inputs before the forward?): from the state at the step, the redone loop draws them again; its data's
             # state is put back at the data as usual (the same state if the loop drew the same)
+            # (what its redone loop draws before the data is then checked against its own notes of the inputs it
+            # took: jitckpt.worker.data_position; a rank that did not get to its data has no such notes, nor that
+            # state, and is refused below: whether its loop would draw the same cannot be shown)
             rng_state.restore(own.at_step)
-            self._records[step] = GapRecord(at_step=own.at_step, refined=True)  # (kept, should this attempt fail too)
+            self._records[step] = dataclasses.replace(own)  # (kept as it was, should this attempt fail too)
             self._write(step)
-            if not self.all_refined and own_state is not None:
-                self._replay_expected = own_state  # (a rank relies on the loop drawing again: check_replay)
-        if (draws and not (own is not None and own.refined) and framework is None and own_state is not None
-                and any(r.refined and r.at_step is not None for r in others)):
-            # This rank did not get to its data; the ranks that did recorded their state at the step too, and
-            # check that their redone loops draw again what they drew (check_replay): this one starts from its own
-            # state at the step, which its stash holds, and its loop makes the same draws
-            rng_state.restore(own_state)
-            self.rt.take_pending_rng()
-            return None
         if draws and not (own is not None and own.refined):
             return (f"random numbers were drawn between minibatch {step - 1}'s optimizer step and minibatch {step}'s "
                     f"data (an evaluation, a DataLoader iterator, the script's own draws), and rank {self.rt.rank} "
@@ -624,20 +604,6 @@ def saver_records(step_path: Path) -> list[GapRecord]:
         except (OSError, GapRecordError):
             continue
     return found
-
-
-def all_refined(step_path: Path, world_size: int) -> bool:
-    """Whether the checkpoints of one step carry, for every rank of the job, a record saying that it got to the
-    minibatch's data in the run that failed (a rank without one starts from its state at the step before)."""
-    refined = set()
-    for folder in step_path.glob(f"rank-*/{stash.KINDS[stash.GAP][1]}"):
-        for file in folder.glob("rank-*.bin"):
-            try:
-                if GapRecord.decode(file.read_bytes()).refined:
-                    refined.add(int(file.stem.rsplit("-", 1)[1]))
-            except (OSError, ValueError, GapRecordError):
-                continue
-    return refined >= set(range(world_size))
 
 
 def records_of_step(step_path: Path, exclude: Path | None = None) -> list[GapRecord]:

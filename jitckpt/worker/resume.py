@@ -100,7 +100,6 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
         raise CheckpointError(f"{info.path}: the record of minibatch {info.step}'s start stored for rank {rt.rank} "
                               f"is unusable ({exc}); nothing was loaded from it") from None
     if payload is not None:
-        rt.gap.all_refined = minibatch_gap.all_refined(info.path.parent, rt.world_size)
         why = rt.gap.arm_resume(own_record, minibatch_gap.records_of_step(info.path.parent), payload,
                                 lambda reason: inexact_resume(rt, reason),
                                 savers=minibatch_gap.saver_records(info.path.parent))

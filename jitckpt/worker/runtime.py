@@ -165,7 +165,6 @@ class JitRuntime:
         """The redone minibatch starts: put its RNG state back (once; not again after a data loader did)."""
         payload = self.take_pending_rng()
         if payload is not None and not self._rng_restored_at_fetch:
-            self.gap.check_replay()
             rng_state.restore(payload)
         if payload is not None:
             private_rng.warn_absent()  # (after the last restore: the script has made its generators by now)
@@ -237,7 +236,6 @@ class JitRuntime:
         the fault-free run made them before this state was captured.
         """
         if self.pending_rng is not None:
-            self.gap.check_replay()
             rng_state.restore(self.pending_rng)
             self._rng_restored_at_fetch = True
 
