@@ -243,8 +243,11 @@ static void *releaser_main(void *arg)
             if (seq == atomic_load(&s->signaled_seq))
                 continue;
             atomic_store(&s->signaled_seq, seq);
-            if (send_signal(atomic_load(&s->tid), seq) == 0)
-                count(&counters.signals_sent);
+            /* counted before it is sent: the handler may release the GIL and a JIT save report the
+               counters before this thread runs again */
+            count(&counters.signals_sent);
+            if (send_signal(atomic_load(&s->tid), seq) != 0)
+                atomic_fetch_sub(&counters.signals_sent, 1);
         }
         nanosleep(&pause_ts, NULL);
     }
