@@ -62,7 +62,6 @@ static void *watchdog_main(void *arg)
     enum cudaStreamCaptureMode relaxed = cudaStreamCaptureModeRelaxed;
     if (exchange != NULL)
         exchange(&relaxed);
-    count(&counters.watchdog_started);
     struct watch_verdict verdict;
     unsigned long polls = 0;
     for (;;) {
@@ -107,4 +106,6 @@ void watchdog_start_once(void)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0)
         ilog("cannot start the watchdog thread (%s): hangs will not be detected", strerror(rc));
+    else
+        count(&counters.watchdog_started); /* (here: a short program may end before the thread runs) */
 }
