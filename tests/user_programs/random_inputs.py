@@ -11,7 +11,6 @@ sha256 <hex>`` on rank 0.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import signal
 
@@ -21,6 +20,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import jitckpt
+from jobkit import finish
 
 
 def main() -> None:
@@ -63,12 +63,7 @@ def main() -> None:
         optimizer.step()
         if args.noise_after_step:
             torch.rand(1)
-    if rank == 0:
-        digest = hashlib.sha256()
-        for name, tensor in sorted(model.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(tensor.numpy().tobytes())
-        print(f"final parameters sha256 {digest.hexdigest()}", flush=True)
+    finish(rank, {"model": model})
     dist.destroy_process_group()
 
 
