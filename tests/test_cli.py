@@ -138,3 +138,22 @@ def test_interposer_is_preloaded_with_emulated_gpus_and_not_by_default(tmp_path)
                                                "torchrun", "x.py"])
     _, env, _ = launcher.prepare(args)
     assert "libjitckpt_interpose" not in env.get("LD_PRELOAD", "")
+
+
+def test_the_workers_port_is_picked_below_the_ephemeral_range(tmp_path):
+    """torch's agent picks MASTER_PORT by binding port 0 (an ephemeral port) and letting it go until rank 0 binds
+    it; an outgoing connection given that port meanwhile made rank 0 fail with EADDRINUSE (seen in CI).  jit-run's
+    agent picks a free port below the ephemeral range, which the kernel never hands out by itself."""
+    from jitckpt.launch import agent
+
+    ephemeral = agent._port_range()
+    if ephemeral is None:
+        pytest.skip("needs Linux's /proc/sys/net/ipv4/ip_local_port_range")
+    assert all(agent._PORT_FLOOR <= agent.free_port() < ephemeral[0] for _ in range(20))
+    script = tmp_path / "port.py"
+    script.write_text("import os\nprint('MASTER_PORT', os.environ['MASTER_PORT'], flush=True)\n")
+    result = jit_run("--checkpoint-dir", str(tmp_path / "ckpt"), "torchrun", "--standalone", "--nproc-per-node=2",
+                     str(script))
+    assert result.returncode == 0, result.stdout + result.stderr
+    ports = {int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("MASTER_PORT ")}
+    assert len(ports) == 1 and agent._PORT_FLOOR <= ports.pop() < ephemeral[0], result.stdout

@@ -272,7 +272,7 @@ def test_ranks_that_agree_change_nothing_and_a_restart_never_reads_the_old_attem
     keys = [f"jitckpt/step-agreement/round-1/choice/{rank}" for rank in range(WORLD)]
     assert store.check(keys), "the ranks did not publish their choices in the store"
     published = [json.loads(store.get(key)) for key in keys]
-    assert published == [{"step": NEWEST, "error": None}] * WORLD
+    assert published == [{"step": NEWEST, "error": None, "why": None}] * WORLD
 
 
 def test_end_to_end_a_stale_view_after_a_restart_resumes_every_rank_from_the_same_step(tmp_path, fault_free_sha):

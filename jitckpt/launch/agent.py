@@ -2,7 +2,7 @@
 
 jit-run builds on torchrun rather than beside it: rendezvous (c10d, etcd),
 ``--max-restarts``, multi-node membership and node exclusion all stay
-torchrun's.  This module runs ``torch.distributed.run.main`` with six small
+torchrun's.  This module runs ``torch.distributed.run.main`` with seven small
 patches to its ``LocalElasticAgent`` and process context:
 
 1. **Grace period.**  When one worker exits, torchrun tears down all local
@@ -48,6 +48,17 @@ patches to its ``LocalElasticAgent`` and process context:
    often this agent has started workers: torchrun does not count a restart
    that another node's failure or arrival caused, and the recovery report
    needs every one.
+7. **The workers' port.**  Every rendezvous round, rank 0's agent picks the
+   ``MASTER_PORT`` its workers' store will listen on with torch's
+   ``get_free_port``: a port the kernel hands out for binding to port 0,
+   from the ephemeral range, released until rank 0's worker binds it.  Any
+   outgoing connection on the host (another job's, a data loader's) may be
+   given that very port as its local one meanwhile; rank 0 then fails in
+   ``init_process_group`` with EADDRINUSE and the attempt is lost (seen in
+   this project's CI, with tests side by side).  The agent picks a free port
+   below the ephemeral range instead (``free_port``; torchrun's default
+   master port, 29500, is there too), which the kernel never hands out on
+   its own.
 """
 
 from __future__ import annotations
@@ -146,10 +157,55 @@ def _patch_teardown() -> None:
     PContext.close = close  # type: ignore[method-assign]
 
 
+_PORT_FLOOR = 10000  # the lowest port free_port picks (well above the registered services people run)
+
+
+def _port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int] | None:
+    """The host's ephemeral port range (Linux), or None where it cannot be read."""
+    try:
+        low, high = (int(word) for word in open(path).read().split())
+        return low, high
+    except (OSError, ValueError):
+        return None
+
+
+def free_port(tries: int = 64) -> int:
+    """Patch 7: a port free to listen on now, outside the ephemeral range (torch's ``get_free_port`` where that
+    range leaves none below it, or it cannot be read, or no port there is free)."""
+    import errno
+    import random
+    import socket
+
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
+    ephemeral = _port_range()
+    if ephemeral is None or ephemeral[0] <= _PORT_FLOOR + 1000:
+        return get_free_port()
+    pick = random.Random()
+    for _ in range(tries):
+        port = pick.randrange(_PORT_FLOOR, ephemeral[0])
+        free = True
+        for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as probe:
+                    probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE or family == socket.AF_INET:
+                    free = False
+                    break  # (no IPv6 on the host: the IPv4 bind decides)
+        if free:
+            return port
+    return get_free_port()
+
+
 def patch_agent() -> None:
     """Install the patches on torchrun's LocalElasticAgent and its process context."""
     from torch.distributed.elastic.agent.server import api as agent_api
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous import api as rendezvous_api
+
+    if hasattr(rendezvous_api, "get_free_port"):  # patch 7 (another torch version: torchrun's own choice)
+        rendezvous_api.get_free_port = free_port
 
     original_monitor = LocalElasticAgent._monitor_workers
     original_restart = agent_api.SimpleElasticAgent._restart_workers

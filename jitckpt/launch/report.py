@@ -122,6 +122,8 @@ def _failure_record(records: list[dict], attempt: int, agent_failures: list[dict
         # ranks whose state came from the memory tier's snapshots (jitckpt.store.memory), not from a JIT save
         "memory_tier_ranks": sorted(e["rank"] for e in resumed if e.get("memory_tier")),
         "restarted_fresh": fresh,
+        # why the job resumed from the step before the newest saved (a rank's own state there not known)
+        "held_back": sorted({e["held_back"] for e in resumed if e.get("held_back")}),
         "unusable_checkpoints": unusable,
         "minibatches_redone": redone,
     }
@@ -269,6 +271,7 @@ def render(report: dict[str, Any]) -> str:
             f"restart {_fmt(f['restart_seconds'])}{_warm_note(f)}, resume {_fmt(f['resume_seconds'])}; "
             f"resumed from {resumed}, minibatches redone: {_fmt(f['minibatches_redone'])}"
         )
+        lines += [f"  held back: {why}" for why in f.get("held_back", [])]
         lines += [f"  unusable: {why}" for why in f.get("unusable_checkpoints", [])]
     for c in report.get("crashes_after_finishing", []):
         lines.append(f"note: rank {c['rank']} finished its script in attempt {c['attempt']}, then died from signal "

@@ -586,12 +586,21 @@ class MinibatchGap:
             rng_state.restore(own.at_step)
             self._records[step] = dataclasses.replace(own)  # (kept as it was, should this attempt fail too)
             self._write(step)
-        if draws and not (own is not None and own.refined):
+        if unreached_draws(own, others):
             return (f"random numbers were drawn between minibatch {step - 1}'s optimizer step and minibatch {step}'s "
                     f"data (an evaluation, a DataLoader iterator, the script's own draws), and rank {self.rt.rank} "
                     f"did not reach minibatch {step}'s data in the run that failed: its state after those draws is "
                     f"not known, and the resumed run does not repeat them")
         return None
+
+
+def unreached_draws(own: GapRecord | None, others: list[GapRecord]) -> bool:
+    """Whether random numbers were drawn between minibatch ``step - 1``'s optimizer step and ``step``'s data (or
+    its epoch's iterator) that this rank did not get to: its state after them is not known, and a resume at
+    ``step`` is refused (``_arm``).  ``jitckpt.worker.resume.locate`` then offers the step before, when a survivor
+    that lagged saved it (``own``: this rank's record of ``step``, ``others``: the other ranks')."""
+    reached = own is not None and (own.refined or own.evaluated or own.before_iterator is not None)
+    return not reached and any(r.draws for r in [*([own] if own else []), *others])
 
 
 def saver_records(step_path: Path) -> list[GapRecord]:

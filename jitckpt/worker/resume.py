@@ -50,8 +50,22 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CheckpointWarning)
         # every rank loads the same step: the ranks agree through the job's store (the first look only)
-        info = agreed_selection(rt, lambda step: select(rt.store, rt.coords, allow_world_size_change=allow, step=step))
+        held_back: list[tuple[int, str]] = []  # (the step this rank offers instead of the newest, why)
+
+        def choose(step: int | None) -> CheckpointInfo | None:
+            info = select(rt.store, rt.coords, allow_world_size_change=allow, step=step)
+            if step is None and info is not None:
+                older, why = _step_before_if_unknown(rt, info, allow)
+                if older is not None:
+                    held_back[:] = [(older.step, why)]
+                    return older
+            return info
+
+        info = agreed_selection(rt, choose, lambda: held_back[0][1] if held_back else None)
     lines = [f"warning: {warning.message}" for warning in caught]
+    if held_back and info is not None and info.step == held_back[0][0]:
+        lines.append(held_back[0][1])
+        rt.held_back = held_back[0][1]
     steps = rt.store.list_steps() if info is None else []
     if steps and not overruled_to_fresh_start(rt):
         lines.append(f"no checkpoint in {rt.checkpoint_root} covers every shard of this job: "
@@ -67,6 +81,40 @@ def locate(rt: "JitRuntime") -> CheckpointInfo | None:
     if info is not None:
         ddp_layout.load(info.path)
     return info
+
+
+def _step_before_if_unknown(rt: "JitRuntime", info: CheckpointInfo,
+                            allow: bool) -> tuple[CheckpointInfo | None, str]:
+    """The checkpoint of the step before ``info``'s, and why, if this rank's own state for ``info``'s step is not
+    known and that one is there; else ``(None, "")``.
+
+    A survivor that had not yet seen its all-reduce of minibatch i-1 complete
+    (a busy host) saves i-1 while its peers save i (``jitckpt.worker.stash``).
+    If random numbers were drawn before minibatch i's data (a loop that draws
+    its inputs at its top, an evaluation), that rank's state after them is
+    not known (``minibatch_gap.unreached_draws``) and a resume at i is
+    refused; at i-1 every rank's own state is in its checkpoint (the survivor
+    copied its host's stashes), so the job resumes there, exact, with one more
+    minibatch redone.  (Not with a framework adapter: its own start of a
+    minibatch is where its state is restored, a case of its own.)"""
+    if rt.framework is not None:
+        return None, ""
+    try:
+        own_gap = find_own_state(rt, info, stash.GAP)
+        own = minibatch_gap.GapRecord.decode(own_gap) if own_gap is not None else None
+        if not minibatch_gap.unreached_draws(own, minibatch_gap.records_of_step(info.path.parent)):
+            return None, ""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CheckpointWarning)  # (no step before: the resume at i says why it stops)
+            older = select(rt.store, rt.coords, allow_world_size_change=allow, step=info.step - 1)
+    except (OSError, CheckpointError, minibatch_gap.GapRecordError):
+        return None, ""  # (the resume at i reads them again, and says what is wrong)
+    if older is None:
+        return None, ""
+    return older, (f"rank {rt.rank} did not reach minibatch {info.step}'s data in the run that failed, and random "
+                   f"numbers were drawn before it (the loop's own draws, an evaluation): its state there is not "
+                   f"known; it resumes from minibatch {older.step}, which a survivor that lagged saved, one more "
+                   f"minibatch redone")
 
 
 def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
@@ -126,7 +174,8 @@ def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:
                             lambda reason: inexact_resume(rt, reason), earlier)
     memory = rt.memory_tier is not None and rt.memory_tier.holds(info.path)
     eventlog.record("resumed", rank=rt.rank, attempt=rt.attempt, step=info.step, path=str(info.path),
-                    rng_restored=payload is not None, loader_state=loader_state is not None, memory_tier=memory)
+                    rng_restored=payload is not None, loader_state=loader_state is not None, memory_tier=memory,
+                    held_back=rt.held_back)
     log(f"resuming from minibatch {info.step}: {info.path}"
         f"{' (a snapshot in host memory)' if memory else ''}")
 

@@ -115,6 +115,7 @@ class JitRuntime:
         self.located = False
         self.checkpoint: CheckpointInfo | None = None  # what this attempt resumes from (jitckpt.worker.resume)
         self.checkpoint_for: ParallelCoordinates | None = None  # identity it was selected for; None once loaded
+        self.held_back: str | None = None  # why this rank selected the step before the newest (resume.locate)
 
         self._lock = threading.Lock()
         self._in_flight: dict[int, tuple[float, str]] = {}

@@ -113,11 +113,14 @@ _settled: "weakref.WeakKeyDictionary[JitRuntime, _Settled]" = weakref.WeakKeyDic
 _opened: list[Any] = []
 
 
-def agreed_selection(rt: "JitRuntime", choose: Chooser) -> CheckpointInfo | None:
+def agreed_selection(rt: "JitRuntime", choose: Chooser,
+                     why_older: Callable[[], str | None] = lambda: None) -> CheckpointInfo | None:
     """This rank's checkpoint, at the step every rank of the job resumes from (see the module docstring).
 
     ``choose(None)`` is this rank's own selection, ``choose(step)`` one at
     exactly ``step``.  CheckpointWarnings it raises reach the caller as usual.
+    ``why_older()``, after ``choose(None)``: why this rank chose a step older
+    than the newest it could load (None: it did not), told to every rank.
     """
     settled = _settled.get(rt)
     if settled is not None:  # a later look of this process: never a second store round
@@ -140,7 +143,8 @@ def agreed_selection(rt: "JitRuntime", choose: Chooser) -> CheckpointInfo | None
         exchange.publish(CHOICE, {"step": None, "error": f"{type(exc).__name__}: {exc}"})
         raise
     mine_step = None if mine is None else mine.step
-    verdict = exchange.round(CHOICE, {"step": mine_step, "error": None}, "checkpoint choice", _decide_step)
+    verdict = exchange.round(CHOICE, {"step": mine_step, "error": None, "why": why_older()}, "checkpoint choice",
+                             _decide_step)
     if verdict["failed"]:
         raise CheckpointError(_failure(verdict["failed"], "could not select a checkpoint") +
                               f"; rank {rt.rank} stops too, before loading anything")
@@ -149,7 +153,7 @@ def agreed_selection(rt: "JitRuntime", choose: Chooser) -> CheckpointInfo | None
         _settled[rt] = _Settled(agreed=True, step=mine_step)
         return mine
 
-    _report_disagreement(rt, choices, mine_step, agreed)
+    _report_disagreement(rt, choices, mine_step, agreed, verdict.get("why"))
     _settled[rt] = _Settled(agreed=True, step=agreed, overruled_to_fresh_start=agreed is None and mine is not None)
     if agreed is None:
         eventlog.record("step_agreement", rank=rt.rank, attempt=rt.attempt, selected=mine_step, agreed=None,
@@ -250,7 +254,9 @@ def _decide_step(choices: dict[int, dict]) -> dict:
     failed = {rank: c["error"] for rank, c in choices.items() if c.get("error")}
     steps = {rank: c.get("step") for rank, c in choices.items()}
     agreed = None if None in steps.values() else min(steps.values())  # type: ignore[type-var]
-    return {"failed": _failures(failed), "agreed": agreed, "choices": _by_step(steps)}
+    # why the rank that chose the agreed step held back (the lowest such rank's words)
+    why = next((c["why"] for rank, c in sorted(choices.items()) if c.get("why") and steps[rank] == agreed), None)
+    return {"failed": _failures(failed), "agreed": agreed, "choices": _by_step(steps), "why": why}
 
 
 def _decide_outcome(outcomes: dict[int, dict]) -> dict:
@@ -293,8 +299,9 @@ def _at_agreed_step(rt: "JitRuntime", step: int, choose: Chooser) -> CheckpointI
     )
 
 
-def _report_disagreement(rt: "JitRuntime", choices: list[list], mine: int | None, agreed: int | None) -> None:
-    """One line on every rank: who chose what, and what every rank does now."""
+def _report_disagreement(rt: "JitRuntime", choices: list[list], mine: int | None, agreed: int | None,
+                         why: str | None = None) -> None:
+    """One line on every rank: who chose what, why (a rank's own reason, else the listings), what every rank does."""
     table = "; ".join(f"{'none' if step is None else f'minibatch {step}'} on rank {ranks}" for step, ranks in choices)
     if agreed is None:
         nobody = next(ranks for step, ranks in choices if step is None)
@@ -303,8 +310,8 @@ def _report_disagreement(rt: "JitRuntime", choices: list[list], mine: int | None
         outcome = f"every rank resumes from minibatch {agreed}, the newest step all of them selected"
     if mine != agreed:
         outcome += f" (this rank had selected {'none' if mine is None else f'minibatch {mine}'})"
-    log(f"the ranks selected different checkpoints ({table}): their listings of {rt.checkpoint_root} differ, "
-        f"e.g. a stale file-system cache; {outcome}")
+    cause = why or f"their listings of {rt.checkpoint_root} differ, e.g. a stale file-system cache"
+    log(f"the ranks selected different checkpoints ({table}): {cause}; {outcome}")
 
 
 def _by_step(steps: dict[int, int | None]) -> list[list]:

@@ -32,7 +32,6 @@ import argparse
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -44,6 +43,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from mlp_job import add_job_args, batch, build, init_process_group, parameters_sha256  # noqa: E402
 from train_mlp import use_jitckpt  # noqa: E402
+
+from jobkit import lagging_hook  # noqa: E402
 
 
 def exchange_gradients(model: nn.Module, rank: int, world: int) -> None:
@@ -58,26 +59,6 @@ def exchange_gradients(model: nn.Module, rank: int, world: int) -> None:
         for peer in range(world):
             total += param.grad if peer == rank else received[peer]
         param.grad.copy_(total).div_(world)
-
-
-def lagging_hook(lag: tuple[int, int, float], progress: dict[str, int], attempt: int):  # noqa: ANN201
-    """DDP's all-reduce as a comm hook, whose completion on rank ``lag[0]`` at minibatch ``lag[1]`` is seen late."""
-    lag_rank, lag_step, seconds = lag
-
-    def hook(_state, bucket):  # type: ignore[no-untyped-def]  # (torch checks the annotations: none under __future__)
-        tensor = bucket.buffer().div_(dist.get_world_size())
-        step = progress["step"]
-
-        def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            if attempt == 0 and dist.get_rank() == lag_rank and step == lag_step:
-                print(f"rank {lag_rank}: the all-reduce of minibatch {step} has completed; seen {seconds}s late",
-                      flush=True)
-                time.sleep(seconds)
-            return fut.value()[0]
-
-        return dist.all_reduce(tensor, async_op=True).get_future().then(done)
-
-    return hook
 
 
 def main() -> None:
@@ -121,8 +102,7 @@ def main() -> None:
     world = dist.get_world_size()
     ddp = model if args.grad_sync in ("manual", "p2p") else DDP(model)
     if args.lag:
-        lag_rank, lag_step, seconds = args.lag.split(":")
-        ddp.register_comm_hook(None, lagging_hook((int(lag_rank), int(lag_step), float(seconds)), progress, attempt))
+        ddp.register_comm_hook(None, lagging_hook(args.lag, progress))
     loss_fn = nn.MSELoss()
     for step in range(start, args.steps):
         progress["step"] = step

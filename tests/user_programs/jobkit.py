@@ -59,6 +59,31 @@ def die(rank: int, step: int, what: str, sig: int = signal.SIGKILL) -> None:
         time.sleep(0.5)  # a preemption notice: jitckpt's watchdog has raised its JIT event by now
 
 
+def lagging_hook(spec: str, progress: dict[str, int]):  # noqa: ANN201
+    """DDP's all-reduce as a comm hook (divide, then all-reduce, as DDP's default does) whose completion, on rank
+    RANK in minibatch STEP of the first attempt (``spec``: RANK:STEP:SECONDS), is seen SECONDS late: a busy host,
+    whose rank still waits for a collective that its peers have already left behind.  ``progress["step"]``: the
+    script's minibatch."""
+    import torch.distributed as dist
+
+    lag_rank, lag_step, seconds = int(spec.split(":")[0]), int(spec.split(":")[1]), float(spec.split(":")[2])
+
+    def hook(_state, bucket):  # type: ignore[no-untyped-def]  # (torch checks the annotations: none under __future__)
+        tensor = bucket.buffer().div_(dist.get_world_size())
+        step = progress["step"]
+
+        def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            if attempt() == 0 and dist.get_rank() == lag_rank and step == lag_step:
+                print(f"rank {lag_rank}: the all-reduce of minibatch {step} has completed; seen {seconds}s late",
+                      flush=True)
+                time.sleep(seconds)
+            return fut.value()[0]
+
+        return dist.all_reduce(tensor, async_op=True).get_future().then(done)
+
+    return hook
+
+
 def parameters_sha256(models: dict[str, dict[str, torch.Tensor]]) -> str:
     """SHA-256 of the models' state dicts (name order), BatchNorm statistics left out."""
     digest = hashlib.sha256()

@@ -4,7 +4,9 @@ minibatch (no DataLoader), per-rank seeds, dropout, SGD; jitckpt's two calls wit
 ``--die RANK:STEP`` (first attempt only): that rank SIGKILLs itself in minibatch STEP right after drawing its
 inputs, before its forward.  ``--noise-after-step``: after every optimizer step the loop draws one more number
 (a noisy metric), which a resumed loop does not draw again for the minibatch before.  ``--draw-before-loop``: one
-draw between ``jit_get_checkpoint_path()`` and the loop (it shifts a resumed loop's inputs).  Prints ``final parameters
+draw between ``jit_get_checkpoint_path()`` and the loop (it shifts a resumed loop's inputs).  ``--lag
+RANK:STEP:SECONDS``: DDP reduces through a comm hook that, on that rank in that minibatch (first attempt), sees the
+all-reduce complete SECONDS late (``jobkit.lagging_hook``).  Prints ``final parameters
 sha256 <hex>`` on rank 0.
 """
 
@@ -20,7 +22,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import jitckpt
-from jobkit import finish
+from jobkit import finish, lagging_hook
 
 
 def main() -> None:
@@ -29,12 +31,16 @@ def main() -> None:
     p.add_argument("--die", default="")
     p.add_argument("--noise-after-step", action="store_true")
     p.add_argument("--draw-before-loop", action="store_true")
+    p.add_argument("--lag", default="")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 5))
     ddp = DDP(model)
+    progress = {"step": 0}
+    if args.lag:
+        ddp.register_comm_hook(None, lagging_hook(args.lag, progress))
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     torch.manual_seed(100 + rank)
 
@@ -54,6 +60,7 @@ def main() -> None:
     if args.draw_before_loop:
         torch.rand(1)
     for step in range(start, args.steps):
+        progress["step"] = step
         inputs, labels = torch.randn(20, 10), torch.randn(20, 5)
         if attempt == 0 and args.die == f"{rank}:{step}":
             print(f"rank {rank}: SIGKILL to myself at minibatch {step}, after drawing its inputs", flush=True)
