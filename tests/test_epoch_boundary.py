@@ -41,6 +41,20 @@ def test_an_epochs_first_minibatch_is_redone_with_the_random_numbers_of_the_faul
     assert result.sha == _reference(extra), result.output[-4000:]
 
 
+@pytest.mark.parametrize("die", ["1:5:kill-forward", "1:6:kill-step"])
+def test_an_evaluation_before_the_loop_is_not_taken_for_the_redone_minibatch(tmp_path, die):
+    """The script evaluates where it starts (eval mode, no_grad), resumed or not, then skips to its position in
+    the epoch by iterating.  The redone minibatch's state is put back at its first training forward (and at the
+    fetches before it), not at the evaluation's: before, the evaluation's forward took it, the fetches after it
+    did not put it back, and every such resume stopped (the batch augmented with other numbers)."""
+    extra = ["--eval-before-loop"]
+    result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", die])
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["minibatches_redone"] == 1, failure
+    assert result.sha == _reference(extra), result.output[-4000:]
+
+
 def test_an_evaluation_that_draws_between_epochs_is_repeated_from_the_ranks_own_record(tmp_path):
     """The evaluation after epoch 1 draws its noise from the global generator, then the ranks meet in its
     all-reduce.  Rank 1 dies at minibatch 8's forward, after the evaluation and the new iterator: every rank

@@ -317,6 +317,21 @@ def test_a_loop_drawing_its_inputs_from_the_global_generator_resumes_bit_exact(t
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
 
 
+def test_a_loop_drawing_its_inputs_for_a_model_trained_in_eval_mode_resumes_bit_exact(tmp_path):
+    """The same loop with the DDP module in eval mode throughout (dropout off, as scripts that freeze their
+    normalisation statistics train): its forwards run with gradients on, so they are the minibatch's training
+    forwards (the inputs noted, the state at the data stashed and put back there).  Before, only a module in
+    training mode counted: no rank reached minibatch 7's data, and the job stopped."""
+    extra = ["--eval-mode"]
+    expected = reference_sha(nproc=3, args=extra, script=RANDOM_INPUTS)
+    result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, args=extra,
+                     fault="rank=1,step=7,phase=backward,kind=kill")
+    assert result.returncode == 0, result.output[-4000:]
+    (failure,) = result.report["failures"]
+    assert failure["resumed_from_minibatch"] == 7 and failure["minibatches_redone"] == 1, failure
+    assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
 def test_a_survivor_that_lagged_before_drawn_inputs_takes_the_job_back_one_more_minibatch(tmp_path):
     """The same loop; rank 2 sees its all-reduce of minibatch 6 complete 3 s late (a busy host), and rank 1 dies
     in the all-reduce of 7.  Rank 0 saves 7, rank 2 saves 6: it never drew minibatch 7's inputs, so its state

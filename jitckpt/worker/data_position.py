@@ -39,9 +39,10 @@ know the script's position, but it can see which batches it takes:
   the fault-free run's (``resume.inexact_resume``: the job stops with the
   reason, unless the user allowed inexact resumes).
 
-- the inputs of each minibatch's first *training* forward (a module in
-  training mode, with or without gradients; one in eval mode is passed over) are
-  noted the same way, under the module's class: a script that builds its
+- the inputs of each minibatch's first *training* forward (``trains``: a
+  module in training mode, with or without gradients, or one in eval mode
+  with gradients on; an evaluation, eval mode under ``no_grad``, is passed
+  over) are noted the same way, under the module's class: a script that builds its
   batches itself is checked too;
 - a minibatch's notes carry the previous minibatch's.  A failure in a
   collective issued after the optimizer step (a logging all-reduce) saves
@@ -91,6 +92,16 @@ MAX_ENTRIES = 256  # per minibatch; later batches of the same minibatch are not 
 
 class DataPositionError(ValueError):
     """Stored notes of taken batches not in jitckpt's format (corrupt, truncated or foreign)."""
+
+
+def trains(module: Any) -> bool:
+    """Whether a module's forward is a minibatch's training work: a module in training mode (under ``no_grad``
+    too: a GAN's generator drawing its noise is the minibatch's), or one in eval mode with gradients on (a model
+    trained in eval mode, its dropout off or its normalisation statistics frozen).  An evaluation (eval mode,
+    ``no_grad``) is not, wherever the script runs it: between two minibatches, or before its loop."""
+    import torch
+
+    return bool(module.training) or torch.is_grad_enabled()
 
 
 def loader_key(loader: Any) -> int:
@@ -327,7 +338,7 @@ class TakenBatches:
             self._want_hook()
 
     def _on_forward(self, module: Any, args: Any) -> None:
-        training = module.training  # (under no_grad too: a GAN's generator drawing its noise is the minibatch's)
+        training = trains(module)
         gap = getattr(self.rt, "gap", None)
         if training and gap is not None:
             gap.data_reached()  # (a minibatch whose data came from no DataLoader: its first training forward)
@@ -351,7 +362,7 @@ class TakenBatches:
                         self._names[key] = type(module).__qualname__
             return
         if not training or not getattr(self.rt, "located", True):
-            return  # (a module in eval mode, or a forward before the checkpoint lookup: a training one is waited for)
+            return  # (an evaluation, or a forward before the checkpoint lookup: a training one is waited for)
         self._drop_hook()
         step = self.rt.step
         if self._closed_for != step and self._forward_noted_for != step:

@@ -145,14 +145,18 @@ class JitRuntime:
         and its first minibatch (creating a DataLoader iterator draws a seed
         from the global generator); in the fault-free run those draws happened
         before this state was captured.  The minibatch starts at the first
-        module forward (a global forward pre-hook, removed once it fired), or
-        at the first tracked collective or optimizer step if no module runs.
+        training module forward (``data_position.trains``: a global forward
+        pre-hook, removed once it fired; an evaluation the script runs before
+        its loop is not the minibatch, and the DataLoader fetches after it
+        still put the state back), or at the first tracked collective or
+        optimizer step if no module runs.
         """
         from torch.nn.modules.module import register_module_forward_pre_hook
 
         self.pending_rng = payload
         if self._pending_rng_hook is None:
-            self._pending_rng_hook = register_module_forward_pre_hook(lambda module, args: self.minibatch_starts())
+            self._pending_rng_hook = register_module_forward_pre_hook(
+                lambda module, args: self.minibatch_starts() if data_position.trains(module) else None)
 
     def take_pending_rng(self) -> bytes | None:
         """Claim the deferred state (a framework adapter restores it at its framework's own minibatch start)."""

@@ -28,6 +28,9 @@ attempt only) SIGKILLs (``kill-*``) or SIGSTOPs (``stop-*``) that rank:
 ``*-forward`` right before minibatch STEP's forward, ``*-step`` right
 before its optimizer step (its gradients all-reduced), ``*-epoch-end`` after
 the epoch whose last minibatch is STEP, before anything else.
+``--eval-before-loop``: an evaluation forward (eval mode, no draws) right
+after ``jit_get_checkpoint_path()``, before the loop, in every attempt (a
+script that evaluates where it starts, resumed or not).
 ``--freeze-in-save RANK``: that rank SIGSTOPs itself a second into its JIT
 save (first attempt only).  Prints
 ``final parameters sha256 <hex>`` on rank 0.
@@ -73,6 +76,7 @@ def main() -> None:
     p.add_argument("--log-allreduce", action="store_true")
     p.add_argument("--count-after-logging", action="store_true")
     p.add_argument("--freeze-in-save", type=int, default=-1)
+    p.add_argument("--eval-before-loop", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -103,6 +107,11 @@ def main() -> None:
         if attempt() == 0 and rank == int(die_rank) and step == int(die_step) and where.endswith(here):
             die(rank, step, here, signal.SIGKILL if where.startswith("kill") else signal.SIGSTOP)
 
+    if args.eval_before_loop:
+        model.eval()
+        with torch.no_grad():
+            model(dataset.x[:8])
+        model.train()
     step = start
     for epoch in range(start // per_epoch, args.epochs):
         if sampler is not None:

@@ -6,7 +6,8 @@ inputs, before its forward.  ``--noise-after-step``: after every optimizer step 
 (a noisy metric), which a resumed loop does not draw again for the minibatch before.  ``--draw-before-loop``: one
 draw between ``jit_get_checkpoint_path()`` and the loop (it shifts a resumed loop's inputs).  ``--lag
 RANK:STEP:SECONDS``: DDP reduces through a comm hook that, on that rank in that minibatch (first attempt), sees the
-all-reduce complete SECONDS late (``jobkit.lagging_hook``).  Prints ``final parameters
+all-reduce complete SECONDS late (``jobkit.lagging_hook``).  ``--eval-mode``: the model trains in eval mode (no
+dropout: ``eval()`` once on the DDP module, as scripts that freeze normalisation statistics do).  Prints ``final parameters
 sha256 <hex>`` on rank 0.
 """
 
@@ -32,12 +33,15 @@ def main() -> None:
     p.add_argument("--noise-after-step", action="store_true")
     p.add_argument("--draw-before-loop", action="store_true")
     p.add_argument("--lag", default="")
+    p.add_argument("--eval-mode", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 5))
     ddp = DDP(model)
+    if args.eval_mode:
+        ddp.eval()
     progress = {"step": 0}
     if args.lag:
         ddp.register_comm_hook(None, lagging_hook(args.lag, progress))
