@@ -310,10 +310,7 @@ def test_a_loop_drawing_its_inputs_from_the_global_generator_resumes_bit_exact(t
     result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, fault=f"rank=1,step=7,phase={phase},kind=kill")
     assert result.returncode == 0, result.output[-4000:]
     (failure,) = result.report["failures"]
-    # (a survivor that lagged at minibatch 6's all-reduce under load takes the job back to 6, and says so: the
-    # next test places that lag)
-    assert failure["resumed_from_minibatch"] == 7 or (
-        failure["resumed_from_minibatch"] == 6 and failure["held_back"]), failure
+    _resumed_at(failure, 7)
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
 
 
@@ -328,8 +325,18 @@ def test_a_loop_drawing_its_inputs_for_a_model_trained_in_eval_mode_resumes_bit_
                      fault="rank=1,step=7,phase=backward,kind=kill")
     assert result.returncode == 0, result.output[-4000:]
     (failure,) = result.report["failures"]
-    assert failure["resumed_from_minibatch"] == 7 and failure["minibatches_redone"] == 1, failure
+    _resumed_at(failure, 7)
     assert result.sha == expected, "parameters differ from the fault-free run\n" + result.output[-4000:]
+
+
+def _resumed_at(failure: dict, step: int) -> None:
+    """The job resumed from ``step``, one minibatch redone; or, when a survivor lagged at the all-reduce of the
+    minibatch before under load (and never drew ``step``'s inputs), from that one, two redone, saying why (the
+    next test places that lag; seen under load in about one run in ten)."""
+    if failure["held_back"]:
+        assert failure["resumed_from_minibatch"] == step - 1 and failure["minibatches_redone"] == 2, failure
+    else:
+        assert failure["resumed_from_minibatch"] == step and failure["minibatches_redone"] == 1, failure
 
 
 def test_a_survivor_that_lagged_before_drawn_inputs_takes_the_job_back_one_more_minibatch(tmp_path):
@@ -359,6 +366,12 @@ def test_a_rank_that_died_before_its_drawn_inputs_reached_the_forward_stops_the_
     loop would draw the same again cannot be shown (a rank-0-only evaluation after the step would not be drawn
     again): the job stops with the reason, a refusal, never a wrong answer."""
     result = run_jit(tmp_path / "ckpt", nproc=3, script=RANDOM_INPUTS, fault=fault, args=["--die", die] if die else [])
+    if result.returncode == 0 and result.report["failures"][0]["held_back"]:
+        # (a survivor that lagged under load saved the minibatch before, where every rank's state is known: the
+        # job went back there, which must then be exact)
+        _resumed_at(result.report["failures"][0], resumed)
+        assert result.sha == reference_sha(nproc=3, args=[], script=RANDOM_INPUTS), result.output[-4000:]
+        return
     assert result.returncode == 77, (result.returncode, result.output[-4000:])
     assert f"did not reach minibatch {resumed}'s data in the run that failed" in result.output, result.output[-4000:]
 
