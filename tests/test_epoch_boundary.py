@@ -43,10 +43,11 @@ def test_an_epochs_first_minibatch_is_redone_with_the_random_numbers_of_the_faul
 
 @pytest.mark.parametrize("die", ["1:5:kill-forward", "1:6:kill-step"])
 def test_an_evaluation_before_the_loop_is_not_taken_for_the_redone_minibatch(tmp_path, die):
-    """The script evaluates where it starts (eval mode, no_grad), resumed or not, then skips to its position in
-    the epoch by iterating.  The redone minibatch's state is put back at its first training forward (and at the
-    fetches before it), not at the evaluation's: before, the evaluation's forward took it, the fetches after it
-    did not put it back, and every such resume stopped (the batch augmented with other numbers)."""
+    """The script evaluates where it starts (eval mode, no_grad, an all-reduce of its metric), resumed or not,
+    then skips to its position in the epoch by iterating.  The redone minibatch's state is put back at its
+    fetches and its first training forward, not at the evaluation's forward or all-reduce, and the all-reduce
+    does not end the check of its data.  Before, the evaluation took the state, the fetches after it did not put
+    it back, the all-reduce ended the check before any batch: ``completed`` with other parameters."""
     extra = ["--eval-before-loop"]
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", die])
     assert result.returncode == 0, result.output[-4000:]

@@ -39,10 +39,9 @@ know the script's position, but it can see which batches it takes:
   the fault-free run's (``resume.inexact_resume``: the job stops with the
   reason, unless the user allowed inexact resumes).
 
-- the inputs of each minibatch's first *training* forward (``trains``: a
-  module in training mode, with or without gradients, or one in eval mode
-  with gradients on; an evaluation, eval mode under ``no_grad``, is passed
-  over) are noted the same way, under the module's class: a script that builds its
+- the inputs of each minibatch's first *training* forward (a module in
+  training mode, with or without gradients; one in eval mode is passed over:
+  an evaluation, even one that forgot ``no_grad``) are noted the same way, under the module's class: a script that builds its
   batches itself is checked too;
 - a minibatch's notes carry the previous minibatch's.  A failure in a
   collective issued after the optimizer step (a logging all-reduce) saves
@@ -95,10 +94,11 @@ class DataPositionError(ValueError):
 
 
 def trains(module: Any) -> bool:
-    """Whether a module's forward is a minibatch's training work: a module in training mode (under ``no_grad``
-    too: a GAN's generator drawing its noise is the minibatch's), or one in eval mode with gradients on (a model
-    trained in eval mode, its dropout off or its normalisation statistics frozen).  An evaluation (eval mode,
-    ``no_grad``) is not, wherever the script runs it: between two minibatches, or before its loop."""
+    """Whether a module's forward may be the redone minibatch's, where its RNG state is put back
+    (``JitRuntime.defer_rng_restore``): a module in training mode (under ``no_grad`` too: a GAN's generator
+    drawing its noise is the minibatch's), or one in eval mode with gradients on (a model trained in eval mode, a
+    frozen teacher).  An evaluation (eval mode, ``no_grad``) is not, wherever the script runs it: before its
+    loop, as scripts that evaluate where they start do.  (The inputs noted are a training-mode module's only.)"""
     import torch
 
     return bool(module.training) or torch.is_grad_enabled()
@@ -338,14 +338,14 @@ class TakenBatches:
             self._want_hook()
 
     def _on_forward(self, module: Any, args: Any) -> None:
-        training = trains(module)
+        training = module.training  # (under no_grad too: a GAN's generator drawing its noise is the minibatch's)
         gap = getattr(self.rt, "gap", None)
         if training and gap is not None:
             gap.data_reached()  # (a minibatch whose data came from no DataLoader: its first training forward)
         if self.expected is not None:  # the redone minibatch, until its comparison ends
-            self._forward_seen = True
             if not training:
-                return
+                return  # (an evaluation before the loop, and its metric's all-reduce, do not end the comparison)
+            self._forward_seen = True
             key = forward_key(module)
             if key in self.expected or key in self._suspect:
                 d = digest(args)

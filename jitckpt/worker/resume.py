@@ -100,6 +100,8 @@ def _step_before_if_unknown(rt: "JitRuntime", info: CheckpointInfo,
     if rt.framework is not None:
         return None, ""
     try:
+        if find_own_state(rt, info, stash.RNG) is None:
+            return None, ""  # (a rank new to the job, --allow-world-size-change: no state of its own anywhere)
         own_gap = find_own_state(rt, info, stash.GAP)
         own = minibatch_gap.GapRecord.decode(own_gap) if own_gap is not None else None
         if not minibatch_gap.unreached_draws(own, minibatch_gap.records_of_step(info.path.parent)):
@@ -113,8 +115,8 @@ def _step_before_if_unknown(rt: "JitRuntime", info: CheckpointInfo,
         return None, ""
     return older, (f"rank {rt.rank} did not reach minibatch {info.step}'s data in the run that failed, and random "
                    f"numbers were drawn before it (the loop's own draws, an evaluation): its state there is not "
-                   f"known; it resumes from minibatch {older.step}, which a survivor that lagged saved, one more "
-                   f"minibatch redone")
+                   f"known; it resumes from minibatch {older.step}, where every rank's is (a survivor that had not "
+                   f"yet seen that minibatch's all-reduce complete saved it), one more minibatch redone")
 
 
 def resume(rt: "JitRuntime", info: CheckpointInfo) -> None:

@@ -84,7 +84,9 @@ if TYPE_CHECKING:
 
 # Every key lives under this prefix, then the generation (see the module docstring).
 KEY_PREFIX = "jitckpt/step-agreement"
-CHOICE = "choice"  # what each rank selected: {"step": int | None, "error": str | None}
+# what each rank selected: {"step": int | None, "error": str | None, "why": str | None (why it chose a step older
+# than the newest it could load: resume.locate)}
+CHOICE = "choice"
 OUTCOME = "outcome"  # after a disagreement: whether each rank could load the agreed step: {"error": str | None}
 VERDICT = "verdict"  # rank 0's summary of a round, the only key every rank reads
 LEADER = 0  # the rank that reads every rank's key and publishes the verdict

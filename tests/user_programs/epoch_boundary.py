@@ -28,9 +28,10 @@ attempt only) SIGKILLs (``kill-*``) or SIGSTOPs (``stop-*``) that rank:
 ``*-forward`` right before minibatch STEP's forward, ``*-step`` right
 before its optimizer step (its gradients all-reduced), ``*-epoch-end`` after
 the epoch whose last minibatch is STEP, before anything else.
-``--eval-before-loop``: an evaluation forward (eval mode, no draws) right
-after ``jit_get_checkpoint_path()``, before the loop, in every attempt (a
-script that evaluates where it starts, resumed or not).
+``--eval-before-loop``: an evaluation (eval mode, ``no_grad``, no draws)
+and an all-reduce of its metric right after ``jit_get_checkpoint_path()``,
+before the loop, in every attempt (a script that evaluates where it starts,
+resumed or not).
 ``--freeze-in-save RANK``: that rank SIGSTOPs itself a second into its JIT
 save (first attempt only).  Prints
 ``final parameters sha256 <hex>`` on rank 0.
@@ -110,7 +111,8 @@ def main() -> None:
     if args.eval_before_loop:
         model.eval()
         with torch.no_grad():
-            model(dataset.x[:8])
+            metric = nn.functional.mse_loss(model(dataset.x[:8]), dataset.y[:8])
+        dist.all_reduce(metric.reshape(1))
         model.train()
     step = start
     for epoch in range(start // per_epoch, args.epochs):
