@@ -41,14 +41,21 @@ def test_an_epochs_first_minibatch_is_redone_with_the_random_numbers_of_the_faul
     assert result.sha == _reference(extra), result.output[-4000:]
 
 
-@pytest.mark.parametrize("die", ["1:5:kill-forward", "1:6:kill-step"])
-def test_an_evaluation_before_the_loop_is_not_taken_for_the_redone_minibatch(tmp_path, die):
-    """The script evaluates where it starts (eval mode, no_grad, an all-reduce of its metric), resumed or not,
-    then skips to its position in the epoch by iterating.  The redone minibatch's state is put back at its
-    fetches and its first training forward, not at the evaluation's forward or all-reduce, and the all-reduce
-    does not end the check of its data.  Before, the evaluation took the state, the fetches after it did not put
-    it back, the all-reduce ended the check before any batch: ``completed`` with other parameters."""
-    extra = ["--eval-before-loop"]
+@pytest.mark.parametrize("extra, die", [
+    (["--eval-before-loop"], "1:5:kill-forward"),
+    (["--eval-before-loop"], "1:6:kill-step"),
+    (["--barrier-before-loop", "--no-augment"], "1:5:kill-forward"),
+    (["--wrap-after-load", "--barrier-before-loop", "--no-augment"], "2:6:kill-step"),
+], ids=["evaluation-killed-before-a-forward", "evaluation-killed-before-a-step", "barrier-no-augmentation",
+        "ddp-wrapped-after-load-and-barrier"])
+def test_what_the_script_runs_before_its_loop_is_not_the_redone_minibatch(tmp_path, extra, die):
+    """After jit_get_checkpoint_path() and the load, the script evaluates where it starts (eval mode, no_grad,
+    an all-reduce of its metric), or waits in a barrier, or wraps DDP then (its broadcast), then skips to its
+    position in the epoch by iterating.  The redone minibatch's RNG state is put back at its fetches and its
+    first training forward, never at an evaluation's forward or at a collective, and those do not end the check
+    of its data.  Before, the evaluation's forward or the collective took the state, the new iterator drew its
+    seed from it, and the fetches after it did not put it back: with augmented samples the job stopped, without
+    (only the dropout masks differ) it reported ``completed`` with other parameters."""
     result = run_jit(tmp_path / "ckpt", nproc=NPROC, script=SCRIPT, args=[*extra, "--die", die])
     assert result.returncode == 0, result.output[-4000:]
     (failure,) = result.report["failures"]

@@ -103,7 +103,6 @@ class JitRuntime:
         self.pending_rng: bytes | None = None
         self._rng_restored_at_fetch = False  # a DataLoader fetch put pending_rng back (batch_fetch_starts)
         self._pending_rng_hook: Any = None
-        self._evaluated_while_pending = False  # an evaluation forward ran before the redone minibatch's
         # From a minibatch's start until its first fetch, forward, collective or optimizer step: the script's
         # own generators are captured once more at the first fetch or forward (note_own_generators_at_start).
         self._own_window = False
@@ -149,21 +148,19 @@ class JitRuntime:
         training module forward (``data_position.trains``: a global forward
         pre-hook, removed once it fired; an evaluation the script runs before
         its loop is not the minibatch, and the DataLoader fetches after it
-        still put the state back), or at the first tracked collective (none
-        after such an evaluation: its metric's all-reduce) or optimizer step
-        if no module runs.
+        still put the state back), or at the optimizer step if no module
+        runs.  Never at a collective: one before the loop (a barrier after
+        loading the checkpoint, an evaluation metric's all-reduce) is not the
+        minibatch, and the draws after it (a new DataLoader iterator's seed)
+        would come from the restored state; before, such a resume ended with
+        other dropout masks, ``completed``.
         """
         from torch.nn.modules.module import register_module_forward_pre_hook
 
         self.pending_rng = payload
         if self._pending_rng_hook is None:
-            self._pending_rng_hook = register_module_forward_pre_hook(self._forward_while_pending)
-
-    def _forward_while_pending(self, module: Any, args: Any) -> None:
-        if data_position.trains(module):
-            self.minibatch_starts()
-        else:
-            self._evaluated_while_pending = True  # (its metric's all-reduce is not the minibatch's either)
+            self._pending_rng_hook = register_module_forward_pre_hook(
+                lambda module, args: self.minibatch_starts() if data_position.trains(module) else None)
 
     def take_pending_rng(self) -> bytes | None:
         """Claim the deferred state (a framework adapter restores it at its framework's own minibatch start)."""
@@ -400,8 +397,6 @@ class JitRuntime:
         never touched.
         """
         self.taken_batches.minibatch_committed(collective=True)  # (before this rank contributes to the minibatch)
-        if self.pending_rng is not None and not self._evaluated_while_pending:
-            self.minibatch_starts()  # (a script whose minibatch runs no module: its first collective)
         self.close_own_generators_window()
         self.optimizer_phase.collective_issued()
         self.park_if_requested()

@@ -31,7 +31,11 @@ the epoch whose last minibatch is STEP, before anything else.
 ``--eval-before-loop``: an evaluation (eval mode, ``no_grad``, no draws)
 and an all-reduce of its metric right after ``jit_get_checkpoint_path()``,
 before the loop, in every attempt (a script that evaluates where it starts,
-resumed or not).
+resumed or not).  ``--barrier-before-loop``: a ``dist.barrier()`` there
+instead (after loading a checkpoint).  ``--wrap-after-load``: DDP wraps
+the model after ``jit_get_checkpoint_path()`` and the load (its
+constructor's broadcast there), as PyTorch's DDP tutorial does.  ``--no-augment``: the samples as
+they are, no noise drawn (only the dropout masks draw in a minibatch).
 ``--freeze-in-save RANK``: that rank SIGSTOPs itself a second into its JIT
 save (first attempt only).  Prints
 ``final parameters sha256 <hex>`` on rank 0.
@@ -55,7 +59,8 @@ from jobkit import INPUT_DIM, attempt, die, finish, job_parser, use_jitckpt
 class Augmented(Dataset):
     """Fixed samples, each drawn anew with noise from whatever generator the process (or worker) has."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, noise: float = 0.1) -> None:
+        self.noise = noise
         g = torch.Generator().manual_seed(7)
         self.x = torch.randn(size, INPUT_DIM, generator=g)
         self.y = self.x[:, :4].sum(1, keepdim=True).tanh()
@@ -64,7 +69,7 @@ class Augmented(Dataset):
         return len(self.x)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i] + 0.1 * torch.rand(INPUT_DIM), self.y[i]
+        return (self.x[i] + self.noise * torch.rand(INPUT_DIM) if self.noise else self.x[i]), self.y[i]
 
 
 def main() -> None:
@@ -78,6 +83,9 @@ def main() -> None:
     p.add_argument("--count-after-logging", action="store_true")
     p.add_argument("--freeze-in-save", type=int, default=-1)
     p.add_argument("--eval-before-loop", action="store_true")
+    p.add_argument("--barrier-before-loop", action="store_true")
+    p.add_argument("--wrap-after-load", action="store_true")
+    p.add_argument("--no-augment", action="store_true")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -85,8 +93,8 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(INPUT_DIM, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     torch.manual_seed(args.seed + 101 * rank)  # each rank's own dropout and augmentation
-    ddp = DDP(model)
-    dataset = Augmented(48)
+    ddp = None if args.wrap_after_load else DDP(model)
+    dataset = Augmented(48, 0.0 if args.no_augment else 0.1)
     if args.loader_generator:
         sampler = None
         shuffle = torch.Generator().manual_seed(args.seed + rank)
@@ -114,6 +122,10 @@ def main() -> None:
             metric = nn.functional.mse_loss(model(dataset.x[:8]), dataset.y[:8])
         dist.all_reduce(metric.reshape(1))
         model.train()
+    if ddp is None:
+        ddp = DDP(model)
+    if args.barrier_before_loop:
+        dist.barrier()
     step = start
     for epoch in range(start // per_epoch, args.epochs):
         if sampler is not None:
